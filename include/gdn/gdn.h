@@ -1,0 +1,162 @@
+// gdn: Gated DeltaNet decode steps (T = 1 decode and T = 2..16 speculative verify)
+// over a pool of recurrent states, on the CPU or on CUDA GPUs.
+//
+// This header is framework-free: it depends only on DLPack's C header. Tensors are
+// non-owning strided views (`TensorView`); one entry point, `decode`, runs one call in
+// any addressing mode of docs/semantics.md (dense, pool, split pool, per-token slots,
+// accepted-token continuation); `can_implement` runs the same checks without touching
+// memory. Nothing here aborts, prints, allocates on success, or synchronizes a stream.
+#pragma once
+
+#include <dlpack/dlpack.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace gdn {
+
+// ---------------------------------------------------------------------------------
+// Status: CUB-style return value; never an exception, never an abort.
+// ---------------------------------------------------------------------------------
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument = 1,  // shapes, dtypes, strides, devices or options disagree
+  kNotSupported = 2,     // a valid request this build cannot run (e.g. CUDA tensor, CPU-only build)
+  kCudaError = 3,        // the CUDA runtime reported an error at launch
+};
+
+class Status {
+ public:
+  Status() = default;  // OK; holds no string, so success never allocates
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  static Status Ok() { return Status(); }
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  // Names the argument, what was expected and what was given, e.g.
+  // "state.stride[3] must be 1 for layout VK, got 128". Empty when ok().
+  const std::string& message() const { return message_; }
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+// ---------------------------------------------------------------------------------
+// TensorView: pointer, dtype, device, shape and strides (in elements, int64).
+// Shape and strides are stored inline, so a view never dangles on the caller's arrays.
+// A default-constructed view (ndim == 0) means "absent" for optional arguments.
+// ---------------------------------------------------------------------------------
+constexpr int kMaxRank = 5;
+
+struct TensorView {
+  void* data = nullptr;  // address of element [0, 0, ...] (DLPack byte_offset already applied)
+  DLDataType dtype{kDLFloat, 32, 1};
+  DLDevice device{kDLCPU, 0};
+  int ndim = 0;
+  int64_t shape[kMaxRank] = {};
+  int64_t strides[kMaxRank] = {};
+
+  bool defined() const { return ndim > 0; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+};
+
+// DLPack dtypes accepted by gdn.
+inline constexpr DLDataType kFloat32{kDLFloat, 32, 1};
+inline constexpr DLDataType kFloat16{kDLFloat, 16, 1};
+inline constexpr DLDataType kBFloat16{kDLBfloat, 16, 1};
+inline constexpr DLDataType kInt32{kDLInt, 32, 1};
+inline constexpr DLDataType kInt64{kDLInt, 64, 1};
+
+inline constexpr DLDevice kCpu{kDLCPU, 0};
+inline DLDevice cuda_device(int id) { return DLDevice{kDLCUDA, id}; }
+
+// Builds a view. Empty `strides` means compact row-major. Rank must be 1..kMaxRank;
+// a larger rank yields an absent view, which the checks then report.
+TensorView make_view(void* data, DLDataType dtype, DLDevice device,
+                     std::initializer_list<int64_t> shape,
+                     std::initializer_list<int64_t> strides = {});
+
+// Wraps a DLPack tensor without copying: applies byte_offset, fills compact
+// row-major strides when `strides` is null (DLPack's convention).
+TensorView from_dlpack(const DLTensor& t);
+
+// ---------------------------------------------------------------------------------
+// One decode call. Shapes use the field's names (docs/semantics.md section 1):
+//   B rows (requests), T tokens per row, H q/k heads, HV value heads (HV % H == 0, GVA),
+//   K, V head dims (each of 64, 128, 256), P slots in the state pool.
+// ---------------------------------------------------------------------------------
+enum class StateLayout : int {
+  kVK = 0,  // "K-last" (FlashInfer pretranspose, FLA state_v_first): [P, HV, V, K], K contiguous
+  kKV = 1,  // "V-last" (FlashInfer nontranspose, HF transformers):   [P, HV, K, V], V contiguous
+};
+
+struct DecodeArgs {
+  // Inputs. Innermost stride must be 1; every other stride is free (packed qkv views work).
+  TensorView q;  // [B, T, H, K]  bf16 | fp16 | fp32 (q, k, v share one dtype)
+  TensorView k;  // [B, T, H, K]
+  TensorView v;  // [B, T, HV, V]
+
+  // Gates, raw form (FlashInfer, SGLang, vLLM packed decode): g and beta computed in the
+  // call as g = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b).
+  TensorView a;        // [B, T, HV]  bf16 | fp16 | fp32, any strides
+  TensorView b;        // [B, T, HV]  bf16 | fp16 | fp32, any strides
+  TensorView A_log;    // [HV] fp32
+  TensorView dt_bias;  // [HV] fp32 | bf16 | fp16
+  // Gates, precomputed form (FLA, vLLM fused_recurrent, HF, llama.cpp). Exactly one form is given.
+  TensorView g;     // [B, T, HV] fp32, log-space decay: the step uses exp(g)
+  TensorView beta;  // [B, T, HV] fp32 | bf16 | fp16, used as given
+
+  // Recurrent state. Dense mode: [B, HV, ...] and row n uses slot n. Otherwise a pool [P, HV, ...].
+  // fp32 | bf16 | fp16; innermost stride 1; slot, head and row strides are free (page-padded
+  // and interleaved pools work). Updated in place unless update_state is false.
+  TensorView state;
+  StateLayout layout = StateLayout::kVK;  // must be named: VK and KV have one shape when K == V
+
+  // Addressing (docs/semantics.md section 3). All int32 | int64, any stride, on the state's device.
+  TensorView read_slots;    // [B]: row n reads slot read_slots[n]; absent = dense (unless token_slots)
+  TensorView write_slots;   // [B]: row n writes its final state there; absent = read_slots
+  TensorView token_slots;   // [B, T]: state after token t of row n goes to token_slots[n, t];
+                            // row n reads read_slots[n] if given, else token_slots[n, 0]
+  TensorView num_accepted;  // [B], needs token_slots: row n reads token_slots[n, num_accepted[n] - 1]
+
+  // Optional intermediate cache, indexed by batch row (never by slot): [B, T, HV, <layout>],
+  // state dtype, innermost stride 1; entry (n, t) = state after token t. Must not overlap state.
+  TensorView inter;
+
+  // Output: [B, T, HV, V] bf16 | fp16 | fp32, innermost stride 1; must not overlap state.
+  TensorView o;
+
+  // Optional int32 [1] counter on the state's device. Each call adds the number of rows it
+  // treated as padding because a slot was >= P (or num_accepted was outside 1..T), plus,
+  // with check_duplicate_writes, the number of rows whose write slot another row also
+  // writes. Readable without a host sync; never reset by gdn.
+  TensorView error_count;
+
+  std::optional<float> scale;  // multiplies q; default 1/sqrt(K)
+  bool use_qk_l2norm = true;   // q, k <- x * rsqrt(sum(x^2) + 1e-6) before use
+  bool update_state = true;    // false: the pool is read, never written (the cache still is)
+  bool check_duplicate_writes = false;  // checking mode: count rows that write the same slot
+};
+
+// Validates `args` exactly as `decode` does (docs/semantics.md section 4) without reading or
+// writing any tensor data. Returns kInvalidArgument or kNotSupported with a message, or Ok.
+Status can_implement(const DecodeArgs& args);
+
+// Runs one decode call. The tensors' device picks the backend: kDLCPU runs the threaded
+// CPU backend synchronously (stream ignored); kDLCUDA enqueues on `stream` (a cudaStream_t,
+// nullptr = the legacy default stream) and returns without waiting. On any error nothing is
+// launched or written. No allocation, no host sync: safe inside CUDA-graph capture.
+Status decode(const DecodeArgs& args, void* stream = nullptr);
+
+// True when this build has the CUDA backend compiled in.
+bool cuda_available();
+
+}  // namespace gdn

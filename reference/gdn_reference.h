@@ -1,0 +1,17 @@
+// The float64 oracle: docs/semantics.md sections 2-3 followed literally, element by element,
+// reading the same strided views as gdn::decode. For tests and `gdn run` verification only;
+// slow by design and never on a user's hot path (CUTLASS keeps its oracles apart the same way).
+#pragma once
+
+#include "gdn/gdn.h"
+
+namespace gdn::reference {
+
+// Same contract as gdn::decode for host (kDLCPU) tensors: validates with gdn::can_implement,
+// then computes every row in float64 and stores o, inter and the state in their own dtypes
+// (round-to-nearest-even for bf16/fp16), adds bad rows to error_count, and with
+// check_duplicate_writes counts rows whose written slots another row also writes.
+// Single-threaded; the state is rounded to its dtype only where it is stored.
+Status decode(const DecodeArgs& args);
+
+}  // namespace gdn::reference

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what gdn builds and tests with, from Debian's packages and PyPI.
+#   scripts/setup.sh                 install on this machine (apt-get as root, then pip)
+#   scripts/setup.sh --download DIR  fetch the header-only Debian packages into DIR, to carry
+#                                    to an offline machine (the GPU machine has no network)
+#   scripts/setup.sh --unpack DIR    unpack DIR/*.deb into DIR/root; CMake looks in .deps/root
+set -euo pipefail
+DEBS=(libdlpack-dev libcli11-dev nlohmann-json3-dev)
+BUILD_DEBS=(cmake ninja-build g++ libgtest-dev python3-pip)
+PIP=(nanobind scikit-build-core numpy pytest)
+
+case "${1:-}" in
+  --download)
+    dir=${2:?DIR}; mkdir -p "$dir"
+    (cd "$dir" && apt-get download "${DEBS[@]}")
+    ;;
+  --unpack)
+    dir=${2:?DIR}; mkdir -p "$dir/root"
+    for f in "$dir"/*.deb; do dpkg -x "$f" "$dir/root"; done
+    ;;
+  "")
+    missing=()
+    for p in "${DEBS[@]}" "${BUILD_DEBS[@]}"; do
+      dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+      SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+      $SUDO apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+    fi
+    python3 -m pip install -q "${PIP[@]}"
+    ;;
+  *) echo "usage: $0 [--download DIR | --unpack DIR]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,19 @@
+// Internal: the backends behind gdn::decode. Each takes a validated Problem (check.cpp)
+// and never fails on its arguments; only the CUDA launch can report an error.
+#pragma once
+
+#include "gdn/gdn.h"
+#include "problem.h"
+
+namespace gdn::detail {
+
+// Threaded CPU backend (src/cpu/decode_cpu.cpp). Runs to completion before returning.
+void decode_cpu(const Problem& p);
+
+// CUDA backend (src/cuda/). Enqueues on `stream` (cudaStream_t); no host sync, no allocation.
+// Returns kCudaError with the runtime's message if a launch fails. Defined as a stub that
+// returns kNotSupported in builds without CUDA (src/cuda_stub.cpp).
+Status decode_cuda(const Problem& p, void* stream);
+
+
+}  // namespace gdn::detail

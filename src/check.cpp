@@ -1,0 +1,331 @@
+// Host-side validation (docs/semantics.md section 4): every argument is checked before any
+// backend touches memory, and the validated call is flattened into a detail::Problem.
+// can_implement and decode share this one function, so they always agree.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "check.h"
+
+namespace gdn::detail {
+namespace {
+
+std::string dtype_name(DLDataType t) {
+  if (t.lanes != 1) return "vector dtype";
+  switch (t.code) {
+    case kDLFloat: return t.bits == 32 ? "float32" : t.bits == 16 ? "float16" : t.bits == 64 ? "float64" : "float?";
+    case kDLBfloat: return t.bits == 16 ? "bfloat16" : "bfloat?";
+    case kDLInt: return "int" + std::to_string(t.bits);
+    case kDLUInt: return "uint" + std::to_string(t.bits);
+    default: return "dtype code " + std::to_string(t.code);
+  }
+}
+
+std::string shape_str(const TensorView& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + "]";
+}
+
+bool same(DLDataType a, DLDataType b) { return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes; }
+
+// Maps an accepted DLPack dtype to the internal enum; false if not a float storage type.
+bool float_dtype(DLDataType t, DType* out) {
+  if (same(t, kFloat32)) { *out = DType::kF32; return true; }
+  if (same(t, kBFloat16)) { *out = DType::kBF16; return true; }
+  if (same(t, kFloat16)) { *out = DType::kF16; return true; }
+  return false;
+}
+
+Status invalid(std::string msg) { return Status(StatusCode::kInvalidArgument, std::move(msg)); }
+
+// Collects the first failure; later checks are skipped once one fails.
+struct Checker {
+  Status status;
+  bool ok() const { return status.ok(); }
+  void fail(std::string msg) {
+    if (ok()) status = invalid(std::move(msg));
+  }
+
+  void rank(const TensorView& t, const char* name, int r, const char* dims) {
+    if (ok() && t.ndim != r)
+      fail(std::string(name) + " must have rank " + std::to_string(r) + " " + dims + ", got rank " +
+           std::to_string(t.ndim) + " " + shape_str(t));
+  }
+  void dim(const TensorView& t, const char* name, int i, int64_t want, const char* what) {
+    if (ok() && t.ndim > i && t.shape[i] != want)
+      fail(std::string(name) + ".shape[" + std::to_string(i) + "] must be " + what + " = " +
+           std::to_string(want) + ", got " + std::to_string(t.shape[i]) + " (shape " + shape_str(t) + ")");
+  }
+  void inner_stride(const TensorView& t, const char* name, const char* why) {
+    if (ok() && t.ndim > 0 && t.strides[t.ndim - 1] != 1)
+      fail(std::string(name) + ".stride[" + std::to_string(t.ndim - 1) + "] must be 1" + why + ", got " +
+           std::to_string(t.strides[t.ndim - 1]));
+  }
+  void float_type(const TensorView& t, const char* name, DType* out, bool allow16, const char* allowed) {
+    if (!ok()) return;
+    DType d;
+    if (!float_dtype(t.dtype, &d) || (!allow16 && d != DType::kF32))
+      fail(std::string(name) + " dtype must be " + allowed + ", got " + dtype_name(t.dtype));
+    else
+      *out = d;
+  }
+  void index_type(const TensorView& t, const char* name, DType* out) {
+    if (!ok()) return;
+    if (same(t.dtype, kInt32)) *out = DType::kI32;
+    else if (same(t.dtype, kInt64)) *out = DType::kI64;
+    else fail(std::string(name) + " dtype must be int32 or int64, got " + dtype_name(t.dtype));
+  }
+  void device(const TensorView& t, const char* name, DLDevice want) {
+    if (ok() && (t.device.device_type != want.device_type || t.device.device_id != want.device_id))
+      fail(std::string(name) + " must be on the state's device (type " + std::to_string(want.device_type) +
+           ", id " + std::to_string(want.device_id) + "), got type " + std::to_string(t.device.device_type) +
+           ", id " + std::to_string(t.device.device_id));
+  }
+  void nonnull(const TensorView& t, const char* name) {
+    if (ok() && t.data == nullptr && t.numel() > 0) fail(std::string(name) + " has a null data pointer");
+  }
+};
+
+// Byte range [lo, hi) that a view can touch; used for the overlap checks.
+void byte_extent(const TensorView& t, int elsize, uintptr_t* lo, uintptr_t* hi) {
+  int64_t min_off = 0, max_off = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] == 0) { *lo = *hi = reinterpret_cast<uintptr_t>(t.data); return; }
+    int64_t span = (t.shape[i] - 1) * t.strides[i];
+    (span < 0 ? min_off : max_off) += span;
+  }
+  *lo = reinterpret_cast<uintptr_t>(t.data) + min_off * elsize;
+  *hi = reinterpret_cast<uintptr_t>(t.data) + (max_off + 1) * elsize;
+}
+
+bool overlaps(const TensorView& x, int xs, const TensorView& y, int ys) {
+  uintptr_t a0, a1, b0, b1;
+  byte_extent(x, xs, &a0, &a1);
+  byte_extent(y, ys, &b0, &b1);
+  return a0 < b1 && b0 < a1;
+}
+
+void copy_strides(const TensorView& t, Ptr* p, int n) {
+  for (int i = 0; i < n && i < t.ndim; ++i) p->s[i] = t.strides[i];
+}
+
+bool supported_dim(int64_t d) { return d == 64 || d == 128 || d == 256; }
+
+}  // namespace
+
+Status build_problem(const DecodeArgs& args, Problem* out) {
+  Checker c;
+  Problem p;
+
+  // Required tensors.
+  const struct { const TensorView* t; const char* name; } required[] = {
+      {&args.q, "q"}, {&args.k, "k"}, {&args.v, "v"}, {&args.state, "state"}, {&args.o, "o"}};
+  for (auto& r : required)
+    if (c.ok() && !r.t->defined()) c.fail(std::string(r.name) + " is required but was not given");
+  if (!c.ok()) return c.status;
+
+  const DLDevice dev = args.state.device;
+  if (dev.device_type != kDLCPU && dev.device_type != kDLCUDA)
+    return invalid("state must be on a CPU (kDLCPU) or CUDA (kDLCUDA) device, got device type " +
+                   std::to_string(dev.device_type));
+
+  // Shapes: q fixes B, T, H, K; v fixes HV, V.
+  c.rank(args.q, "q", 4, "[B, T, H, K]");
+  c.rank(args.k, "k", 4, "[B, T, H, K]");
+  c.rank(args.v, "v", 4, "[B, T, HV, V]");
+  c.rank(args.o, "o", 4, "[B, T, HV, V]");
+  const bool kv = args.layout == StateLayout::kKV;
+  if (c.ok() && args.layout != StateLayout::kVK && !kv) c.fail("layout must be StateLayout::kVK or kKV");
+  c.rank(args.state, "state", 4, kv ? "[P, HV, K, V] (layout KV)" : "[P, HV, V, K] (layout VK)");
+  if (!c.ok()) return c.status;
+
+  p.B = args.q.shape[0];
+  p.T = args.q.shape[1];
+  p.H = args.q.shape[2];
+  p.K = args.q.shape[3];
+  p.HV = args.v.shape[2];
+  p.V = args.v.shape[3];
+  p.P = args.state.shape[0];
+  for (int i = 0; i < 4; ++i) {
+    static const char* kQk[] = {"B", "T", "H", "K"};
+    c.dim(args.k, "k", i, args.q.shape[i], kQk[i]);
+  }
+  c.dim(args.v, "v", 0, p.B, "B");
+  c.dim(args.v, "v", 1, p.T, "T");
+  c.dim(args.o, "o", 0, p.B, "B");
+  c.dim(args.o, "o", 1, p.T, "T");
+  c.dim(args.o, "o", 2, p.HV, "HV");
+  c.dim(args.o, "o", 3, p.V, "V");
+  if (!c.ok()) return c.status;
+  if (p.T < 1) return invalid("q.shape[1] (T) must be >= 1, got " + std::to_string(p.T));
+  if (p.H < 1 || p.HV < 1 || p.HV % p.H != 0)
+    return invalid("v.shape[2] (HV = " + std::to_string(p.HV) + ") must be a positive multiple of q.shape[2] (H = " +
+                   std::to_string(p.H) + ")");
+  if (!supported_dim(p.K)) return invalid("q.shape[3] (K) must be 64, 128 or 256, got " + std::to_string(p.K));
+  if (!supported_dim(p.V)) return invalid("v.shape[3] (V) must be 64, 128 or 256, got " + std::to_string(p.V));
+  p.layout_kv = kv;
+  p.rows = kv ? p.K : p.V;
+  p.cols = kv ? p.V : p.K;
+  c.dim(args.state, "state", 1, p.HV, "HV");
+  c.dim(args.state, "state", 2, p.rows, kv ? "K" : "V");
+  c.dim(args.state, "state", 3, p.cols, kv ? "V" : "K");
+
+  // Dtypes.
+  c.float_type(args.q, "q", &p.q.dtype, true, "bfloat16, float16 or float32");
+  c.float_type(args.k, "k", &p.k.dtype, true, "bfloat16, float16 or float32");
+  c.float_type(args.v, "v", &p.v.dtype, true, "bfloat16, float16 or float32");
+  if (c.ok() && (p.k.dtype != p.q.dtype || p.v.dtype != p.q.dtype))
+    c.fail("q, k and v must share one dtype, got q " + dtype_name(args.q.dtype) + ", k " + dtype_name(args.k.dtype) +
+           ", v " + dtype_name(args.v.dtype));
+  c.float_type(args.state, "state", &p.state.dtype, true, "float32, bfloat16 or float16");
+  c.float_type(args.o, "o", &p.o.dtype, true, "float32, bfloat16 or float16");
+
+  // Innermost strides: the backends read q, k, v, o and state rows as contiguous vectors.
+  c.inner_stride(args.q, "q", "");
+  c.inner_stride(args.k, "k", "");
+  c.inner_stride(args.v, "v", "");
+  c.inner_stride(args.o, "o", "");
+  c.inner_stride(args.state, "state", kv ? " for layout KV" : " for layout VK");
+
+  // Gates: exactly one form.
+  const bool raw_any = args.a.defined() || args.b.defined() || args.A_log.defined() || args.dt_bias.defined();
+  const bool pre_any = args.g.defined() || args.beta.defined();
+  if (c.ok() && raw_any && pre_any)
+    c.fail("give gates either raw (a, b, A_log, dt_bias) or precomputed (g, beta), not both");
+  if (c.ok() && !raw_any && !pre_any)
+    c.fail("gates are required: raw (a, b, A_log, dt_bias) or precomputed (g, beta)");
+  p.raw_gates = raw_any;
+  auto gate3 = [&](const TensorView& t, const char* name, Ptr* dst, bool allow16, const char* allowed) {
+    if (c.ok() && !t.defined()) c.fail(std::string(name) + " is required with the " +
+                                       (raw_any ? "raw" : "precomputed") + " gate form but was not given");
+    c.rank(t, name, 3, "[B, T, HV]");
+    c.dim(t, name, 0, p.B, "B");
+    c.dim(t, name, 1, p.T, "T");
+    c.dim(t, name, 2, p.HV, "HV");
+    c.float_type(t, name, &dst->dtype, allow16, allowed);
+    dst->data = t.data;
+    copy_strides(t, dst, 3);
+  };
+  auto head_vec = [&](const TensorView& t, const char* name, Ptr* dst, bool allow16, const char* allowed) {
+    if (c.ok() && !t.defined()) c.fail(std::string(name) + " is required with the raw gate form but was not given");
+    c.rank(t, name, 1, "[HV]");
+    c.dim(t, name, 0, p.HV, "HV");
+    c.float_type(t, name, &dst->dtype, allow16, allowed);
+    dst->data = t.data;
+    copy_strides(t, dst, 1);
+  };
+  if (raw_any) {
+    gate3(args.a, "a", &p.a, true, "bfloat16, float16 or float32");
+    gate3(args.b, "b", &p.b, true, "bfloat16, float16 or float32");
+    head_vec(args.A_log, "A_log", &p.A_log, false, "float32");
+    head_vec(args.dt_bias, "dt_bias", &p.dt_bias, true, "float32, bfloat16 or float16");
+  } else {
+    gate3(args.g, "g", &p.g, false, "float32");
+    gate3(args.beta, "beta", &p.beta, true, "float32, bfloat16 or float16");
+  }
+
+  // Addressing.
+  const bool has_read = args.read_slots.defined(), has_write = args.write_slots.defined();
+  const bool has_token = args.token_slots.defined(), has_acc = args.num_accepted.defined();
+  if (c.ok() && has_write && !has_read)
+    c.fail("write_slots needs read_slots (dense mode reads and writes slot n)");
+  if (c.ok() && has_write && has_token)
+    c.fail("write_slots cannot be combined with token_slots: per-token slots name every write");
+  if (c.ok() && has_acc && !has_token) c.fail("num_accepted needs token_slots [B, T]");
+  if (c.ok() && has_acc && has_read)
+    c.fail("num_accepted cannot be combined with read_slots: the row reads token_slots[n, num_accepted[n] - 1]");
+  auto slots1 = [&](const TensorView& t, const char* name, Ptr* dst) {
+    if (!t.defined()) return;
+    c.rank(t, name, 1, "[B]");
+    c.dim(t, name, 0, p.B, "B");
+    c.index_type(t, name, &dst->dtype);
+    dst->data = t.data;
+    copy_strides(t, dst, 1);
+  };
+  slots1(args.read_slots, "read_slots", &p.read_slots);
+  slots1(args.write_slots, "write_slots", &p.write_slots);
+  slots1(args.num_accepted, "num_accepted", &p.num_accepted);
+  if (has_token) {
+    c.rank(args.token_slots, "token_slots", 2, "[B, T]");
+    c.dim(args.token_slots, "token_slots", 0, p.B, "B");
+    c.dim(args.token_slots, "token_slots", 1, p.T, "T");
+    c.index_type(args.token_slots, "token_slots", &p.token_slots.dtype);
+    p.token_slots.data = args.token_slots.data;
+    copy_strides(args.token_slots, &p.token_slots, 2);
+  }
+  if (c.ok() && !has_read && !has_token && p.P != p.B)
+    c.fail("state.shape[0] must be B = " + std::to_string(p.B) +
+           " in dense mode (no read_slots or token_slots), got " + std::to_string(p.P));
+
+  // Intermediate cache.
+  if (args.inter.defined()) {
+    c.rank(args.inter, "inter", 5, kv ? "[B, T, HV, K, V]" : "[B, T, HV, V, K]");
+    c.dim(args.inter, "inter", 0, p.B, "B");
+    c.dim(args.inter, "inter", 1, p.T, "T");
+    c.dim(args.inter, "inter", 2, p.HV, "HV");
+    c.dim(args.inter, "inter", 3, p.rows, kv ? "K" : "V");
+    c.dim(args.inter, "inter", 4, p.cols, kv ? "V" : "K");
+    if (c.ok() && !same(args.inter.dtype, args.state.dtype))
+      c.fail("inter dtype must match the state dtype " + dtype_name(args.state.dtype) + ", got " +
+             dtype_name(args.inter.dtype));
+    c.inner_stride(args.inter, "inter", "");
+  }
+
+  if (args.error_count.defined()) {
+    c.rank(args.error_count, "error_count", 1, "[1]");
+    if (c.ok() && args.error_count.shape[0] < 1) c.fail("error_count must hold at least one element");
+    if (c.ok() && !same(args.error_count.dtype, kInt32))
+      c.fail("error_count dtype must be int32, got " + dtype_name(args.error_count.dtype));
+  }
+
+  // One device for everything.
+  const struct { const TensorView* t; const char* name; } all[] = {
+      {&args.q, "q"}, {&args.k, "k"}, {&args.v, "v"}, {&args.o, "o"}, {&args.a, "a"}, {&args.b, "b"},
+      {&args.A_log, "A_log"}, {&args.dt_bias, "dt_bias"}, {&args.g, "g"}, {&args.beta, "beta"},
+      {&args.read_slots, "read_slots"}, {&args.write_slots, "write_slots"}, {&args.token_slots, "token_slots"},
+      {&args.num_accepted, "num_accepted"}, {&args.inter, "inter"}, {&args.error_count, "error_count"}};
+  for (auto& a : all)
+    if (a.t->defined()) {
+      c.device(*a.t, a.name, dev);
+      c.nonnull(*a.t, a.name);
+    }
+  c.nonnull(args.state, "state");
+  if (!c.ok()) return c.status;
+
+  // Outputs must not alias the state: the backends read the state while writing them.
+  const int ssz = dtype_size(p.state.dtype);
+  if (overlaps(args.o, dtype_size(p.o.dtype), args.state, ssz))
+    return invalid("o must not overlap state (their byte ranges intersect)");
+  if (args.inter.defined() && overlaps(args.inter, ssz, args.state, ssz))
+    return invalid("inter must not overlap state (their byte ranges intersect)");
+
+  if (args.scale.has_value() && !std::isfinite(*args.scale))
+    return invalid("scale must be finite, got " + std::to_string(*args.scale));
+  p.scale = args.scale.has_value() ? *args.scale : 1.0f / std::sqrt(static_cast<float>(p.K));
+
+  p.q.data = args.q.data;
+  copy_strides(args.q, &p.q, 3);
+  p.k.data = args.k.data;
+  copy_strides(args.k, &p.k, 3);
+  p.v.data = args.v.data;
+  copy_strides(args.v, &p.v, 3);
+  p.o.data = args.o.data;
+  copy_strides(args.o, &p.o, 3);
+  p.state.data = args.state.data;
+  copy_strides(args.state, &p.state, 3);
+  if (args.inter.defined()) {
+    p.inter.data = args.inter.data;
+    p.inter.dtype = p.state.dtype;
+    copy_strides(args.inter, &p.inter, 4);
+  }
+  p.error_count = args.error_count.defined() ? static_cast<int*>(args.error_count.data) : nullptr;
+  p.use_qk_l2norm = args.use_qk_l2norm;
+  p.update_state = args.update_state;
+  p.check_duplicate_writes = args.check_duplicate_writes;
+  *out = p;
+  return Status::Ok();
+}
+
+}  // namespace gdn::detail

@@ -1,0 +1,16 @@
+// Builds without a CUDA compiler: CUDA tensors are a valid request this build cannot serve.
+#include "backends.h"
+
+namespace gdn::detail {
+
+Status decode_cuda(const Problem&, void*) {
+  return Status(StatusCode::kNotSupported,
+                "tensors are on a CUDA device, but this build of gdn has no CUDA backend "
+                "(configure with a CUDA compiler and GDN_ENABLE_CUDA=ON)");
+}
+
+}  // namespace gdn::detail
+
+namespace gdn {
+bool cuda_available() { return false; }
+}  // namespace gdn

@@ -1,0 +1,121 @@
+// Internal: the flat, validated description of one decode call that every backend
+// consumes (FlashAttention/Mamba-style params struct: raw pointers plus int64 strides in
+// elements). Built once by check.cpp from gdn::DecodeArgs; backends never see TensorView.
+// Compiles as host and device code.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define GDN_HD __host__ __device__ __forceinline__
+#else
+#define GDN_HD inline
+#endif
+
+namespace gdn::detail {
+
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3, kI64 = 4 };
+
+// A strided view of at most 4 dims, dims known from context. Stride units are elements.
+struct Ptr {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t s[4] = {0, 0, 0, 0};
+};
+
+struct Problem {
+  int64_t B = 0, T = 0, H = 0, HV = 0, K = 0, V = 0, P = 0;
+
+  // q, k: [B, T, H, K]; v: [B, T, HV, V]; s[0..2] = b, t, head strides, innermost is 1.
+  Ptr q, k, v;
+  // Gates: [B, T, HV], s[0..2]. raw_gates: a, b, A_log[HV] (s[0]), dt_bias[HV] (s[0]);
+  // else g (fp32), beta.
+  bool raw_gates = true;
+  Ptr a, b, A_log, dt_bias, g, beta;
+
+  // State: s[0] slot, s[1] head, s[2] row (row = V index for VK, K index for KV); inner 1.
+  Ptr state;
+  bool layout_kv = false;  // false: VK [.., V, K]; true: KV [.., K, V]
+  int64_t rows = 0;        // V for VK, K for KV
+  int64_t cols = 0;        // K for VK, V for KV (the contiguous dim)
+
+  // Addressing. Absent pointers have data == nullptr. s[0] (and s[1] for token_slots).
+  Ptr read_slots, write_slots, token_slots, num_accepted;
+
+  // Intermediate cache [B, T, HV, rows, cols]: s[0] b, s[1] t, s[2] head, s[3] row.
+  Ptr inter;
+  // Output [B, T, HV, V]: s[0] b, s[1] t, s[2] head, innermost 1.
+  Ptr o;
+
+  int* error_count = nullptr;
+  float scale = 1.f;
+  bool use_qk_l2norm = true;
+  bool update_state = true;
+  bool check_duplicate_writes = false;
+};
+
+GDN_HD int64_t load_index(const Ptr& p, int64_t offset) {
+  return p.dtype == DType::kI64 ? static_cast<const int64_t*>(p.data)[offset]
+                                : static_cast<int64_t>(static_cast<const int32_t*>(p.data)[offset]);
+}
+
+// Where row n's state comes from and goes to (docs/semantics.md section 3).
+struct RowSlots {
+  int64_t read = -1;   // < 0: padding row (no reads, no writes, zero output)
+  int64_t write = -1;  // final-state slot; < 0: not written. Unused with token_slots.
+  bool invalid = false;  // some slot >= P or num_accepted outside 1..T: counted and padded
+};
+
+GDN_HD RowSlots resolve_row(const Problem& p, int64_t n) {
+  RowSlots r;
+  const bool per_token = p.token_slots.data != nullptr;
+  if (p.num_accepted.data != nullptr) {
+    const int64_t acc = load_index(p.num_accepted, n * p.num_accepted.s[0]);
+    if (acc < 1 || acc > p.T) {
+      r.invalid = true;
+      return r;
+    }
+    r.read = load_index(p.token_slots, n * p.token_slots.s[0] + (acc - 1) * p.token_slots.s[1]);
+  } else if (p.read_slots.data != nullptr) {
+    r.read = load_index(p.read_slots, n * p.read_slots.s[0]);
+  } else if (per_token) {
+    r.read = load_index(p.token_slots, n * p.token_slots.s[0]);
+  } else {
+    r.read = n;  // dense
+  }
+  if (r.read >= p.P) {
+    r.invalid = true;
+    r.read = -1;
+    return r;
+  }
+  if (r.read < 0) return r;
+  if (per_token) {
+    for (int64_t t = 0; t < p.T; ++t) {
+      if (load_index(p.token_slots, n * p.token_slots.s[0] + t * p.token_slots.s[1]) >= p.P) {
+        r.invalid = true;
+        r.read = -1;
+        return r;
+      }
+    }
+  } else {
+    r.write = p.write_slots.data != nullptr ? load_index(p.write_slots, n * p.write_slots.s[0])
+                                            : r.read;
+    if (r.write >= p.P) {
+      r.invalid = true;
+      r.read = -1;
+      r.write = -1;
+    }
+  }
+  return r;
+}
+
+// Slot the state after token t is written to (< 0: none). Final state goes to
+// token_slots[n, T-1] in per-token mode, else to the row's write slot.
+GDN_HD int64_t token_write_slot(const Problem& p, const RowSlots& r, int64_t n, int64_t t) {
+  if (!p.update_state || r.read < 0) return -1;
+  if (p.token_slots.data != nullptr)
+    return load_index(p.token_slots, n * p.token_slots.s[0] + t * p.token_slots.s[1]);
+  return t == p.T - 1 ? r.write : -1;
+}
+
+}  // namespace gdn::detail
