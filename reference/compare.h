@@ -16,7 +16,7 @@ struct Agreement {
   int64_t over_1ulp = 0;       // 16-bit storage: elements more than 1 ulp away
   int64_t over_2ulp = 0;       // 16-bit storage: elements more than 2 ulp away
   int64_t strict_over_2ulp = 0;  // same by raw bit distance, without the cancellation floor (reported only)
-  double max_rel_frob = 0.0;   // max over vectors of ||got - want|| / ||want||
+  double max_rel_frob = 0.0;   // max over vectors of ||got - want|| / max(||want||, tensor RMS norm / 16)
   int64_t zero_mismatch = 0;   // vectors where the oracle is exactly zero but the result is not
 
   // One call: fp32 <= 1e-5 relative Frobenius per vector; 16-bit: <= 1 ulp on >= 99.9%

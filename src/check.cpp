@@ -321,6 +321,7 @@ Status build_problem(const DecodeArgs& args, Problem* out) {
     copy_strides(args.inter, &p.inter, 4);
   }
   p.error_count = args.error_count.defined() ? static_cast<int*>(args.error_count.data) : nullptr;
+  p.device_id = dev.device_id;
   p.use_qk_l2norm = args.use_qk_l2norm;
   p.update_state = args.update_state;
   p.check_duplicate_writes = args.check_duplicate_writes;

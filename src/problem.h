@@ -48,6 +48,7 @@ struct Problem {
   Ptr o;
 
   int* error_count = nullptr;
+  int device_id = 0;  // CUDA device of every tensor (kDLCUDA calls)
   float scale = 1.f;
   bool use_qk_l2norm = true;
   bool update_state = true;

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Build, test, sanitize and benchmark on the GPU machine in one call (it keeps nothing between
+# calls and has no network: header-only Debian packages travel in .deps, fetched here with
+# `scripts/setup.sh --download .deps`). Logs go to $OUT; a short table is printed last.
+#   scripts/gpu_check.sh [stage ...]   stages: build test run sanitize python bench quickbench
+# COMMIT names the commit under test in the benchmark JSON.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gdn-out}
+mkdir -p "$OUT"
+STAGES=${*:-build test run sanitize python quickbench}
+B=build-gpu
+summary=()
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+note() { summary+=("$1"); echo "== $1"; }
+
+scripts/setup.sh --unpack .deps >/dev/null
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$OUT/device.txt" 2>&1
+
+if has build || has test || has run || has sanitize || has bench || has quickbench; then
+  t0=$SECONDS
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DGDN_GIT_COMMIT="${COMMIT:-unknown}" > "$OUT/build.log" 2>&1 &&
+    cmake --build $B -j16 >> "$OUT/build.log" 2>&1
+  rc=$?; note "build rc=$rc ($((SECONDS - t0)) s)"
+  [ $rc = 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
+fi
+if has test; then
+  t0=$SECONDS
+  ctest --test-dir $B --output-on-failure -j8 > "$OUT/ctest.log" 2>&1
+  rc=$?; note "ctest rc=$rc ($((SECONDS - t0)) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+  grep -E "Failed|\*\*\*" "$OUT/ctest.log" | head -30
+fi
+if has run; then
+  {
+    ./$B/gdn run --model qwen3-next --steps 4
+    ./$B/gdn run --model qwen3.5 --batch 100 --state bf16 --steps 4
+    ./$B/gdn run --model qwen3-next --tokens 4 --batch 30 --steps 6 --cache
+    ./$B/gdn run --model qwen3-next --tokens 3 --batch 7 --layout KV --state bf16 --steps 4
+  } > "$OUT/run.log" 2>&1
+  rc=$?; note "gdn run rc=$rc: $(grep -c 'verification PASS' "$OUT/run.log") of 4 PASS"
+  grep summary "$OUT/run.log"
+fi
+if has sanitize; then
+  t0=$SECONDS
+  filter=${SANITIZE_FILTER:-'Cuda/Decode.*:Cuda/Matrix.*/c0*-*SlotOffsets*:*MultiStep*'}
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 ./$B/tests/gdn_tests --gtest_filter="$filter" \
+      > "$OUT/sanitize-$tool.log" 2>&1
+    rc=$?; note "compute-sanitizer $tool rc=$rc: $(grep -E 'ERROR SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitize-$tool.log" | tr '\n' ' ' | cut -c1-200)"
+  done
+  note "sanitize took $((SECONDS - t0)) s"
+fi
+if has python; then
+  t0=$SECONDS
+  python3 -m pip install . --no-build-isolation --no-deps -q -C build-dir=build-gpu-py > "$OUT/python.log" 2>&1 &&
+    python3 -m pytest python/tests -q >> "$OUT/python.log" 2>&1
+  rc=$?; note "python rc=$rc ($((SECONDS - t0)) s): $(tail -1 "$OUT/python.log")"
+  [ -f python/bench_overhead.py ] && python3 python/bench_overhead.py 2>&1 | tail -5 | tee -a "$OUT/python.log"
+fi
+if has quickbench; then
+  ./$B/gdn bench --quick --json "$OUT/bench-quick.json" > "$OUT/bench-quick.log" 2>&1
+  note "quickbench rc=$?"; tail -40 "$OUT/bench-quick.log"
+fi
+if has bench; then
+  ./$B/gdn bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  note "bench rc=$?"; tail -60 "$OUT/bench.log"
+fi
+echo; echo "== summary"; printf '%s\n' "${summary[@]}"

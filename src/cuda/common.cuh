@@ -1,0 +1,484 @@
+// Device building blocks shared by the VK and KV decode kernels: dtype conversion, 16-byte
+// state vectors, programmatic dependent launch, slot resolution and the per-chunk staging
+// of q, k, v and gates into shared memory.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "problem.h"
+
+namespace gdn::detail::cuda {
+
+// Tokens staged in shared memory at once; longer T loops over chunks (correct, not tuned).
+constexpr int kMaxChunk = 16;
+// Per-token scalars in shared memory: rq*scale, rk, kq (normalized q.k), g, beta, pad.
+constexpr int kTokScalars = 8;
+
+// ---------------------------------------------------------------------------------------
+// Scalars of a run-time dtype: small per-(n, t, head) inputs and outputs only.
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ float load_scalar(const void* base, DType dt, int64_t off) {
+  switch (dt) {
+    case DType::kF32:
+      return static_cast<const float*>(base)[off];
+    case DType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[off]);
+    default:
+      return __half2float(static_cast<const __half*>(base)[off]);
+  }
+}
+
+__device__ __forceinline__ void store_scalar(void* base, DType dt, int64_t off, float x) {
+  switch (dt) {
+    case DType::kF32:
+      static_cast<float*>(base)[off] = x;
+      break;
+    case DType::kBF16:
+      static_cast<__nv_bfloat16*>(base)[off] = __float2bfloat16_rn(x);
+      break;
+    default:
+      static_cast<__half*>(base)[off] = __float2half_rn(x);
+      break;
+  }
+}
+
+template <typename Elem>
+__device__ __forceinline__ float to_f32(Elem x) {
+  if constexpr (sizeof(Elem) == 4) {
+    return x;
+  } else if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    return __bfloat162float(x);
+  } else {
+    return __half2float(x);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// State vectors: kVecElems elements = 16 bytes. kVec = false splits each vector into scalar
+// accesses for callers whose pointers or strides are not 16-byte aligned (same element
+// mapping, so the kernels above need no second body).
+// ---------------------------------------------------------------------------------------
+template <typename S>
+constexpr int kVecElems = 16 / static_cast<int>(sizeof(S));
+
+__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+__device__ __forceinline__ void unpack2(uint32_t u, __nv_bfloat16*, float* out) {
+  out[0] = bf16_lo(u);
+  out[1] = bf16_hi(u);
+}
+__device__ __forceinline__ void unpack2(uint32_t u, __half*, float* out) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u));
+  out[0] = f.x;
+  out[1] = f.y;
+}
+__device__ __forceinline__ uint32_t pack2(float a, float b, __nv_bfloat16*) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack2(float a, float b, __half*) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <typename S, bool kVec>
+__device__ __forceinline__ void load_state_vec(const S* src, float* out) {
+  constexpr int kN = kVecElems<S>;
+  if constexpr (!kVec) {
+#pragma unroll
+    for (int c = 0; c < kN; ++c) out[c] = to_f32(src[c]);
+  } else if constexpr (sizeof(S) == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  } else {
+    const uint4 v = *reinterpret_cast<const uint4*>(src);
+    unpack2(v.x, static_cast<S*>(nullptr), out + 0);
+    unpack2(v.y, static_cast<S*>(nullptr), out + 2);
+    unpack2(v.z, static_cast<S*>(nullptr), out + 4);
+    unpack2(v.w, static_cast<S*>(nullptr), out + 6);
+  }
+}
+
+// Packed (rounded once, RNE) form of one state vector, so a token that writes both the
+// intermediate cache and the pool converts only once.
+template <typename S>
+struct Packed {
+  uint4 u;
+};
+
+template <typename S>
+__device__ __forceinline__ Packed<S> pack_state_vec(const float* in) {
+  Packed<S> r;
+  if constexpr (sizeof(S) == 4) {
+    r.u = make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]),
+                     __float_as_uint(in[3]));
+  } else {
+    r.u.x = pack2(in[0], in[1], static_cast<S*>(nullptr));
+    r.u.y = pack2(in[2], in[3], static_cast<S*>(nullptr));
+    r.u.z = pack2(in[4], in[5], static_cast<S*>(nullptr));
+    r.u.w = pack2(in[6], in[7], static_cast<S*>(nullptr));
+  }
+  return r;
+}
+
+template <typename S, bool kVec>
+__device__ __forceinline__ void store_state_vec(S* dst, const Packed<S>& v) {
+  if constexpr (kVec) {
+    // An explicit vector store: left to itself the compiler scalarized the KV stores (and
+    // __stwb compiles to a strong SM-scope store).
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(v.u.x), "r"(v.u.y),
+                 "r"(v.u.z), "r"(v.u.w)
+                 : "memory");
+  } else {
+    const S* e = reinterpret_cast<const S*>(&v.u);
+#pragma unroll
+    for (int c = 0; c < kVecElems<S>; ++c) dst[c] = e[c];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Programmatic dependent launch: the launch carries the programmatic-serialization
+// attribute, so this grid may start while the previous kernel in the stream is finishing;
+// nothing global is read before wait(), which returns once that kernel has completed and
+// its writes are visible. Without a programmatic predecessor both are no-ops.
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// Slot resolution, warp-cooperative: the same result as resolve_row (problem.h), but all
+// index loads are issued at once (lane t loads token_slots[n, t]), so per-token mode and
+// accepted-token continuation cost one memory latency instead of a chain of T.
+// Every lane of the warp must call it; the result is warp-uniform except `tok`.
+// ---------------------------------------------------------------------------------------
+struct WarpSlots {
+  int64_t read = -1;   // < 0: padding or invalid row
+  int64_t write = -1;  // final-state slot (modes without token_slots)
+  int64_t tok = -1;    // token_slots[n, lane] for lane < min(T, 32)
+  bool invalid = false;
+};
+
+__device__ __forceinline__ int64_t shfl64(int64_t x, int src) {
+  return __shfl_sync(0xffffffffu, static_cast<long long>(x), src);
+}
+
+__device__ __forceinline__ WarpSlots resolve_row_warp(const Problem& p, int64_t n, int lane) {
+  WarpSlots r;
+  const bool per_token = p.token_slots.data != nullptr;
+  int64_t acc = 0, rs = 0, wsl = 0;
+  if (p.num_accepted.data != nullptr) acc = load_index(p.num_accepted, n * p.num_accepted.s[0]);
+  if (p.read_slots.data != nullptr) rs = load_index(p.read_slots, n * p.read_slots.s[0]);
+  if (p.write_slots.data != nullptr) wsl = load_index(p.write_slots, n * p.write_slots.s[0]);
+  if (per_token && lane < p.T)
+    r.tok = load_index(p.token_slots, n * p.token_slots.s[0] + lane * p.token_slots.s[1]);
+
+  int64_t read;
+  if (p.num_accepted.data != nullptr) {
+    if (acc < 1 || acc > p.T) {
+      r.invalid = true;
+      return r;
+    }
+    read = acc - 1 < 32
+               ? shfl64(r.tok, static_cast<int>(acc - 1))
+               : load_index(p.token_slots, n * p.token_slots.s[0] + (acc - 1) * p.token_slots.s[1]);
+  } else if (p.read_slots.data != nullptr) {
+    read = rs;
+  } else if (per_token) {
+    read = shfl64(r.tok, 0);
+  } else {
+    read = n;
+  }
+  if (read >= p.P) {
+    r.invalid = true;
+    return r;
+  }
+  if (read < 0) return r;
+  if (per_token) {
+    bool bad = lane < p.T && r.tok >= p.P;
+    for (int64_t t = 32 + lane; t < p.T; t += 32)
+      bad |= load_index(p.token_slots, n * p.token_slots.s[0] + t * p.token_slots.s[1]) >= p.P;
+    if (__any_sync(0xffffffffu, bad)) {
+      r.invalid = true;
+      return r;
+    }
+  } else {
+    const int64_t w = p.write_slots.data != nullptr ? wsl : read;
+    if (w >= p.P) {
+      r.invalid = true;
+      return r;
+    }
+    r.write = w;
+  }
+  r.read = read;
+  return r;
+}
+
+// token_write_slot (problem.h) on a WarpSlots; warp-uniform; every lane must call it.
+__device__ __forceinline__ int64_t warp_token_write_slot(const Problem& p, const WarpSlots& r,
+                                                        int64_t n, int64_t t) {
+  if (!p.update_state || r.read < 0) return -1;
+  if (p.token_slots.data != nullptr)
+    return t < 32 ? shfl64(r.tok, static_cast<int>(t))
+                  : load_index(p.token_slots, n * p.token_slots.s[0] + t * p.token_slots.s[1]);
+  return t == p.T - 1 ? r.write : -1;
+}
+
+// ---------------------------------------------------------------------------------------
+// Gates of one (n, t, hv), section 2 of the spec.
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ void token_gates(const Problem& p, int64_t n, int64_t t, int64_t hv,
+                                            float& g, float& beta) {
+  if (p.raw_gates) {
+    const float a = load_scalar(p.a.data, p.a.dtype, n * p.a.s[0] + t * p.a.s[1] + hv * p.a.s[2]);
+    const float b = load_scalar(p.b.data, p.b.dtype, n * p.b.s[0] + t * p.b.s[1] + hv * p.b.s[2]);
+    const float A_log = static_cast<const float*>(p.A_log.data)[hv * p.A_log.s[0]];
+    const float dt_bias = load_scalar(p.dt_bias.data, p.dt_bias.dtype, hv * p.dt_bias.s[0]);
+    const float x = a + dt_bias;
+    const float sp = x <= 20.f ? log1pf(expf(x)) : x;
+    g = expf(-expf(A_log) * sp);
+    beta = 1.f / (1.f + expf(-b));
+  } else {
+    g = expf(static_cast<const float*>(p.g.data)[n * p.g.s[0] + t * p.g.s[1] + hv * p.g.s[2]]);
+    beta = load_scalar(p.beta.data, p.beta.dtype,
+                       n * p.beta.s[0] + t * p.beta.s[1] + hv * p.beta.s[2]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Staging of tokens [t0, t0 + tc) of one (n, hv) in three steps, so that no register is
+// held across the long state-load latency and every input load of the chunk is in flight
+// at once:
+//   stage_issue:   raw q, k (the q/k head of hv) and v columns [c0, c0 + nc) copied into
+//                  shared memory by cp.async (16-byte pieces when the views allow it, else
+//                  element by element through registers);
+//   stage_gates:   g and beta per token (threads t < tc);
+//   stage_convert: after cp.async completes and a barrier, q and k converted to fp32 at
+//                  positions pos(e) (each kernel picks the order its threads read), the
+//                  norms, the scale and q.k folded into three scalars per token (q and k are
+//                  never rescaled element-wise), v converted to fp32. The caller syncs.
+// ---------------------------------------------------------------------------------------
+struct Geometry {
+  int tiles = 1;        // row (VK) or column (KV) tiles per (n, hv)
+  int chunk = 1;        // tokens staged at once
+  int raw_bytes = 0;    // bytes of the raw staging area (16-byte multiple)
+  bool qkv_vec = true;  // q, k, v views allow 16-byte cp.async
+};
+
+struct StageSmem {
+  unsigned char* raw;  // [chunk][K] q, [chunk][K] k, [chunk][nc] v, input dtype
+  float* q;            // [chunk][K] fp32, permuted by pos
+  float* k;            // [chunk][K]
+  float* v;            // [chunk][nc]
+  float* tok;          // [chunk][kTokScalars]
+};
+
+// Carves the dynamic shared memory: `extra` leading floats (kernel-private), raw, fp32 arrays.
+__device__ __forceinline__ StageSmem carve_smem(float* base, int extra, const Geometry& geo,
+                                                int K, int nc) {
+  StageSmem s;
+  s.raw = reinterpret_cast<unsigned char*>(base + extra);
+  float* f = reinterpret_cast<float*>(s.raw + geo.raw_bytes);
+  s.q = f;
+  s.k = s.q + geo.chunk * K;
+  s.tok = s.k + geo.chunk * K;
+  s.v = s.tok + geo.chunk * kTokScalars;
+  return s;
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+__device__ __forceinline__ int dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
+
+template <int kThreads>
+__device__ __forceinline__ void stage_issue(const Problem& p, const Geometry& geo,
+                                            const StageSmem& sm, int64_t n, int64_t t0, int tc,
+                                            int64_t hv, int64_t c0, int nc) {
+  const int64_t h = hv / (p.HV / p.H);
+  const int es = dtype_bytes(p.q.dtype);
+  const int K = static_cast<int>(p.K);
+  const char* q = static_cast<const char*>(p.q.data) + (n * p.q.s[0] + t0 * p.q.s[1] + h * p.q.s[2]) * es;
+  const char* k = static_cast<const char*>(p.k.data) + (n * p.k.s[0] + t0 * p.k.s[1] + h * p.k.s[2]) * es;
+  const char* v = static_cast<const char*>(p.v.data) +
+                  (n * p.v.s[0] + t0 * p.v.s[1] + hv * p.v.s[2] + c0) * es;
+  const int64_t qt = p.q.s[1] * es, kt = p.k.s[1] * es, vt = p.v.s[1] * es;  // token strides, bytes
+  unsigned char* rq = sm.raw;
+  unsigned char* rk = rq + geo.chunk * K * es;
+  unsigned char* rv = rk + geo.chunk * K * es;
+  if (geo.qkv_vec) {
+    const int cq = K * es / 16, cv = nc * es / 16;  // 16-byte pieces per row
+    const int nq = tc * cq, total = 2 * nq + tc * cv;
+    for (int i = threadIdx.x; i < total; i += kThreads) {
+      if (i < nq) {
+        const int t = i / cq, c = i % cq;
+        cp_async16(rq + (t * K) * es + c * 16, q + t * qt + c * 16);
+      } else if (i < 2 * nq) {
+        const int t = (i - nq) / cq, c = (i - nq) % cq;
+        cp_async16(rk + (t * K) * es + c * 16, k + t * kt + c * 16);
+      } else {
+        const int t = (i - 2 * nq) / cv, c = (i - 2 * nq) % cv;
+        cp_async16(rv + (t * nc) * es + c * 16, v + t * vt + c * 16);
+      }
+    }
+  } else {
+    // Unaligned views: element copies (2 or 4 bytes), several in flight per thread.
+    const int nq = tc * K, total = 2 * nq + tc * nc;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < total; i += kThreads) {
+      const char* src;
+      unsigned char* dst;
+      if (i < nq) {
+        src = q + (i / K) * qt + (i % K) * es;
+        dst = rq + i * es;
+      } else if (i < 2 * nq) {
+        src = k + ((i - nq) / K) * kt + ((i - nq) % K) * es;
+        dst = rk + (i - nq) * es;
+      } else {
+        src = v + ((i - 2 * nq) / nc) * vt + ((i - 2 * nq) % nc) * es;
+        dst = rv + (i - 2 * nq) * es;
+      }
+      if (es == 4) {
+        *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+      } else {
+        *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src);
+      }
+    }
+  }
+}
+
+template <int kThreads>
+__device__ __forceinline__ void stage_gates(const Problem& p, const StageSmem& sm, int64_t n,
+                                            int64_t t0, int tc, int64_t hv) {
+  for (int t = threadIdx.x; t < tc; t += kThreads) {
+    float g, beta;
+    token_gates(p, n, t0 + t, hv, g, beta);
+    sm.tok[t * kTokScalars + 3] = g;
+    sm.tok[t * kTokScalars + 4] = beta;
+  }
+}
+
+template <int K, int kThreads, typename QK, typename Pos>
+__device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry& geo,
+                                                const StageSmem& sm, int tc, int nc, Pos pos) {
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kPerLane = K / 32;
+  const int lane = threadIdx.x & 31;
+  const QK* rq = reinterpret_cast<const QK*>(sm.raw);
+  const QK* rk = rq + geo.chunk * K;
+  const QK* rv = rk + geo.chunk * K;
+  for (int t = threadIdx.x / 32; t < tc; t += kWarps) {
+    float sqq = 0.f, skk = 0.f, sqk = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = i * 32 + lane;
+      const float qf = to_f32(rq[t * K + e]);
+      const float kf = to_f32(rk[t * K + e]);
+      sm.q[t * K + pos(e)] = qf;
+      sm.k[t * K + pos(e)] = kf;
+      sqq = fmaf(qf, qf, sqq);
+      skk = fmaf(kf, kf, skk);
+      sqk = fmaf(qf, kf, sqk);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      sqq += __shfl_xor_sync(0xffffffffu, sqq, off);
+      skk += __shfl_xor_sync(0xffffffffu, skk, off);
+      sqk += __shfl_xor_sync(0xffffffffu, sqk, off);
+    }
+    if (lane == 0) {
+      const float rq_ = p.use_qk_l2norm ? rsqrtf(sqq + 1e-6f) : 1.f;
+      const float rk_ = p.use_qk_l2norm ? rsqrtf(skk + 1e-6f) : 1.f;
+      const float rqs = rq_ * p.scale;
+      sm.tok[t * kTokScalars + 0] = rqs;
+      sm.tok[t * kTokScalars + 1] = rk_;
+      sm.tok[t * kTokScalars + 2] = sqk * rqs * rk_;
+    }
+  }
+  for (int i = threadIdx.x; i < tc * nc; i += kThreads) sm.v[i] = to_f32(rv[i]);
+}
+
+template <int K, int kThreads, typename Pos>
+__device__ __forceinline__ void stage_convert(const Problem& p, const Geometry& geo,
+                                              const StageSmem& sm, int tc, int nc, Pos pos) {
+  switch (p.q.dtype) {
+    case DType::kF32:
+      stage_convert_t<K, kThreads, float>(p, geo, sm, tc, nc, pos);
+      break;
+    case DType::kBF16:
+      stage_convert_t<K, kThreads, __nv_bfloat16>(p, geo, sm, tc, nc, pos);
+      break;
+    default:
+      stage_convert_t<K, kThreads, __half>(p, geo, sm, tc, nc, pos);
+      break;
+  }
+}
+
+// Output rows [c0, c0 + nc) of every token written as exact zeros (padding / invalid rows).
+template <int kThreads>
+__device__ __forceinline__ void zero_output(const Problem& p, int64_t n, int64_t hv, int64_t c0,
+                                            int nc) {
+  for (int64_t i = threadIdx.x; i < p.T * nc; i += kThreads) {
+    const int64_t t = i / nc;
+    const int64_t c = c0 + i % nc;
+    if (c < p.V)
+      store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + c, 0.f);
+  }
+}
+
+// Launch geometry decided on the host (decode_cuda.cu) and handed to the per-dtype launchers.
+struct LaunchPlan {
+  int64_t blocks = 0;
+  int threads = 0;
+  size_t smem = 0;          // dynamic shared memory bytes
+  int rows_per_thread = 1;  // VK only: state rows per thread (1, 2 or 4)
+  bool vec = true;          // 16-byte state accesses allowed
+  bool pdl = true;          // programmatic dependent launch attribute
+  Geometry geo;
+};
+
+}  // namespace gdn::detail::cuda
+
+namespace gdn::detail::cuda {
+
+// Launches a decode kernel (signature (Problem, Geometry)) with the plan's geometry and,
+// when enabled, the programmatic-stream-serialization attribute (captured into CUDA graphs
+// as a programmatic edge).
+template <typename Kernel>
+cudaError_t launch_kernel(Kernel kernel, const Problem& p, const LaunchPlan& lp,
+                          cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(lp.blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(lp.threads));
+  cfg.dynamicSmemBytes = lp.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = lp.pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, p, lp.geo);
+}
+
+}  // namespace gdn::detail::cuda

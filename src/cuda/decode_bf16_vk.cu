@@ -1,0 +1,6 @@
+// Instantiations for bf16 state, VK layout (all K, row counts and alignment variants).
+#include "vk.cuh"
+
+namespace gdn::detail::cuda {
+template cudaError_t launch_vk<__nv_bfloat16>(const Problem&, const LaunchPlan&, cudaStream_t);
+}  // namespace gdn::detail::cuda

@@ -1,0 +1,234 @@
+// CUDA backend entry: picks the kernel instantiation and launch geometry for one call.
+// O(1) host work: no device-property queries after the first call per device, no
+// allocation, no synchronization, so it can be captured into a CUDA graph.
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "backends.h"
+#include "cuda/kv.cuh"
+#include "cuda/launch.h"
+#include "cuda/vk.cuh"
+
+namespace gdn::detail {
+namespace cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+int sm_count() {
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      v = 132;
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+// Tuning overrides, read once: GDN_CUDA_VK_ROWS (1, 2, 4: state rows per thread in VK),
+// GDN_CUDA_PDL (0 disables programmatic dependent launch).
+int env_int(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  return s != nullptr && *s != '\0' ? std::atoi(s) : fallback;
+}
+int vk_rows_override() {
+  static const int v = env_int("GDN_CUDA_VK_ROWS", 0);
+  return v;
+}
+bool pdl_enabled() {
+  static const bool v = env_int("GDN_CUDA_PDL", 1) != 0;
+  return v;
+}
+
+// 16-byte state vectors need every row start 16-byte aligned: the base pointer and every
+// stride except the innermost a multiple of one vector. Otherwise the scalar variant runs.
+bool vec_ok(const Ptr& t, int nstrides, int64_t ve) {
+  if (t.data == nullptr) return true;
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  for (int i = 0; i < nstrides; ++i)
+    if (t.s[i] % ve != 0) return false;
+  return true;
+}
+
+constexpr size_t kSmemBudget = 48 * 1024;  // no opt-in attribute needed, leaves room for occupancy
+
+int dtype_bytes_host(DType d) { return d == DType::kF32 ? 4 : 2; }
+
+// q, k, v may be staged with 16-byte cp.async: every row start of the views 16-byte aligned.
+bool qkv_vec_ok(const Problem& p) {
+  const int64_t es = dtype_bytes_host(p.q.dtype);
+  for (const Ptr* t : {&p.q, &p.k, &p.v}) {
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
+    for (int i = 0; i < 3; ++i)
+      if (t->s[i] * es % 16 != 0) return false;
+  }
+  return true;
+}
+
+// Tokens per staged chunk and the staging bytes: as many tokens as fit the budget (<= 16).
+void fit_chunk(const Problem& p, int nc, size_t fixed_bytes, LaunchPlan& lp) {
+  const int64_t es = dtype_bytes_host(p.q.dtype);
+  int chunk = static_cast<int>(p.T < kMaxChunk ? p.T : kMaxChunk);
+  for (;; --chunk) {
+    const size_t raw = (static_cast<size_t>(chunk) * (2 * p.K + nc) * es + 15) / 16 * 16;
+    const size_t f32 = sizeof(float) * chunk * (2 * p.K + kTokScalars + nc);
+    if (fixed_bytes + raw + f32 <= kSmemBudget || chunk == 1) {
+      lp.geo.chunk = chunk;
+      lp.geo.raw_bytes = static_cast<int>(raw);
+      lp.smem = fixed_bytes + raw + f32;
+      return;
+    }
+  }
+}
+
+LaunchPlan plan_vk(const Problem& p, bool vec) {
+  LaunchPlan lp;
+  const int L = static_cast<int>(p.K / 16);
+  const int G = kVkThreads / L;
+  int R = 1;
+  if (vec) {  // the scalar (unaligned) variant exists with one row per thread only
+    // More rows per thread amortize the per-token q/k reads and shrink the grid; only worth
+    // it when the grid still fills the GPU several times over.
+    const double resident = static_cast<double>(sm_count()) * 1024.0;
+    const double threads = static_cast<double>(p.B) * p.HV * p.V * L;
+    if (threads / 4 >= 4 * resident) {
+      R = 4;
+    } else if (threads / 2 >= 2 * resident) {
+      R = 2;
+    }
+    const int o = vk_rows_override();
+    if (o == 1 || o == 2 || o == 4) R = o;
+    while (R > 1 && (R > L || G * R > p.V)) R /= 2;  // a tile never spans more than V rows
+  }
+  const int RB = G * R;
+  lp.threads = kVkThreads;
+  lp.rows_per_thread = R;
+  lp.vec = vec;
+  lp.geo.tiles = static_cast<int>((p.V + RB - 1) / RB);
+  lp.blocks = p.B * p.HV * lp.geo.tiles;
+  fit_chunk(p, RB, 0, lp);
+  return lp;
+}
+
+template <typename S, int K>
+size_t kv_red_bytes() {
+  return sizeof(float) * KvShape<S, K>::kRedFloats;
+}
+
+template <typename S>
+LaunchPlan plan_kv(const Problem& p, bool vec) {
+  LaunchPlan lp;
+  using Sh = KvShape<S, 128>;  // threads, tile width and partials do not depend on K
+  lp.threads = Sh::kThreads;
+  lp.vec = vec;
+  lp.geo.tiles = static_cast<int>((p.V + Sh::VT - 1) / Sh::VT);
+  lp.blocks = p.B * p.HV * lp.geo.tiles;
+  fit_chunk(p, Sh::VT, kv_red_bytes<S, 128>(), lp);
+  return lp;
+}
+
+template <typename S>
+cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
+  const int64_t ve = kVecElems<S>;
+  const bool vec = vec_ok(p.state, 3, ve) && vec_ok(p.inter, 4, ve);
+  LaunchPlan plan = p.layout_kv ? plan_kv<S>(p, vec) : plan_vk(p, vec);
+  plan.geo.qkv_vec = qkv_vec_ok(p);
+  plan.pdl = pdl_enabled();
+  return p.layout_kv ? launch_kv<S>(p, plan, stream) : launch_vk<S>(p, plan, stream);
+}
+
+// Checking mode: each row n counts once if a slot it writes is also written by another row.
+// O(B^2 T^2) index reads; only launched when asked for.
+__global__ void count_duplicate_writes(const __grid_constant__ Problem p, const Geometry) {
+  pdl_wait();
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= p.B) return;
+  const RowSlots rn = resolve_row(p, n);
+  if (rn.read < 0) return;
+  for (int64_t m = 0; m < p.B; ++m) {
+    if (m == n) continue;
+    const RowSlots rm = resolve_row(p, m);
+    if (rm.read < 0) continue;
+    for (int64_t t = 0; t < p.T; ++t) {
+      const int64_t w = token_write_slot(p, rn, n, t);
+      if (w < 0) continue;
+      for (int64_t u = 0; u < p.T; ++u) {
+        if (token_write_slot(p, rm, m, u) == w) {
+          atomicAdd(p.error_count, 1);
+          return;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+
+Status decode_cuda(const Problem& p, void* stream_ptr) {
+  using namespace cuda;
+  if (p.B == 0 || p.T == 0 || p.HV == 0) return Status::Ok();
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  // Launch on the tensors' device, as a device guard would, and leave the caller's current
+  // device as it was (the Python binding and multi-GPU engines rely on both).
+  int prev_device = -1;
+  cudaError_t err = cudaGetDevice(&prev_device);
+  if (err == cudaSuccess && prev_device != p.device_id) err = cudaSetDevice(p.device_id);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status(StatusCode::kCudaError, std::string("cannot select CUDA device ") + std::to_string(p.device_id) +
+                                              ": " + cudaGetErrorString(err));
+  }
+  struct Restore {
+    int dev, prev;
+    ~Restore() {
+      if (prev >= 0 && prev != dev) cudaSetDevice(prev);
+    }
+  } restore{p.device_id, prev_device};
+  switch (p.state.dtype) {
+    case DType::kF32:
+      err = launch_typed<float>(p, stream);
+      break;
+    case DType::kBF16:
+      err = launch_typed<__nv_bfloat16>(p, stream);
+      break;
+    default:
+      err = launch_typed<__half>(p, stream);
+      break;
+  }
+  if (err == cudaSuccess && p.check_duplicate_writes && p.error_count != nullptr &&
+      p.update_state) {
+    LaunchPlan lp;
+    lp.threads = 128;
+    lp.blocks = (p.B + lp.threads - 1) / lp.threads;
+    lp.pdl = false;
+    err = launch_kernel(count_duplicate_writes, p, lp, stream);
+  }
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // a failed launch is not sticky; do not leak it to the caller
+    return Status(StatusCode::kCudaError,
+                  std::string("gdn CUDA decode kernel launch failed: ") + cudaGetErrorName(err) +
+                      ": " + cudaGetErrorString(err));
+  }
+  return Status::Ok();
+}
+
+}  // namespace gdn::detail
+
+namespace gdn {
+
+bool cuda_available() {
+  static const bool available = [] {
+    int n = 0;
+    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    (void)cudaGetLastError();
+    return ok;
+  }();
+  return available;
+}
+
+}  // namespace gdn

@@ -1,0 +1,6 @@
+// Instantiations for f32 state, KV layout (all K, row counts and alignment variants).
+#include "kv.cuh"
+
+namespace gdn::detail::cuda {
+template cudaError_t launch_kv<float>(const Problem&, const LaunchPlan&, cudaStream_t);
+}  // namespace gdn::detail::cuda

@@ -1,0 +1,232 @@
+// VK layout ([P, HV, V, K], K contiguous): the fast path.
+//
+// A group of L = K/16 consecutive lanes owns one state row (one value index r); each lane
+// holds 16 K-elements of it in fp32 registers for all T tokens, loaded and stored as
+// 16-byte vectors interleaved across the group (vector i of lane j covers K elements
+// [(i*L + j)*VE, +VE)), so one warp instruction touches whole 128-byte lines. A thread
+// may own R rows with the same K-slice, so the q/k slice it reads from shared memory per
+// token serves R rows. Per token and row the two reductions dot(S, k) and dot(S, q) of the
+// OLD state go through one xor-shuffle pass of log2(L) steps:
+//   delta = beta*(v - g*sk);  o = g*sq + delta*kq;  S = g*S + delta*kh
+// (exact rewrite of section 2 of the spec). No __syncthreads inside the token loop.
+#pragma once
+
+#include "common.cuh"
+
+namespace gdn::detail::cuda {
+
+constexpr int kVkThreads = 128;
+// Resident blocks per SM the register allocation must allow, i.e. the register cap per thread
+// (96, 128, 168 for R = 1, 2, 4). Compile-time tuning knobs.
+#ifndef GDN_VK_MIN_BLOCKS_R1
+#define GDN_VK_MIN_BLOCKS_R1 5
+#endif
+#ifndef GDN_VK_MIN_BLOCKS_R2
+#define GDN_VK_MIN_BLOCKS_R2 4
+#endif
+#ifndef GDN_VK_MIN_BLOCKS_R4
+#define GDN_VK_MIN_BLOCKS_R4 3
+#endif
+template <int R>
+constexpr int kVkMinBlocks =
+    R == 1 ? GDN_VK_MIN_BLOCKS_R1 : R == 2 ? GDN_VK_MIN_BLOCKS_R2 : GDN_VK_MIN_BLOCKS_R4;
+
+template <typename S, int K, int R>
+struct VkShape {
+  static constexpr int VE = kVecElems<S>;  // elements per 16-byte vector
+  static constexpr int E = 16;             // K-elements per lane
+  static constexpr int NV = E / VE;        // vectors per lane and row
+  static constexpr int L = K / E;          // lanes per row
+  static constexpr int G = kVkThreads / L; // row groups per block
+  static constexpr int RB = G * R;         // rows per block
+  static_assert(K % (E * 4) == 0 && L <= 32 && R <= L);
+
+  // Shared-memory position of K-element e: lane j's m-th element lives at float4 (m/4)*L + j,
+  // so the per-token reads of q and k are conflict-free 16-byte loads.
+  struct Pos {
+    __device__ __forceinline__ int operator()(int e) const {
+      const int i = e / (VE * L);
+      const int j = (e / VE) % L;
+      const int m = i * VE + e % VE;
+      return ((m >> 2) * L + j) * 4 + (m & 3);
+    }
+  };
+};
+
+template <typename S, int K, int R, bool kVec>
+__global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
+    decode_vk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
+  using Sh = VkShape<S, K, R>;
+  constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G, RB = Sh::RB;
+
+  extern __shared__ float4 smem4[];
+  const StageSmem sm = carve_smem(reinterpret_cast<float*>(smem4), 0, geo, K, RB);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int group = tid / L;
+  const int j = tid % L;
+  int64_t bid = blockIdx.x;
+  const int tile = static_cast<int>(bid % geo.tiles);
+  bid /= geo.tiles;
+  const int64_t hv = bid % p.HV;
+  const int64_t n = bid / p.HV;
+  const int64_t row0 = static_cast<int64_t>(tile) * RB;
+
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const WarpSlots slots = resolve_row_warp(p, n, lane);
+  if (slots.read < 0) {
+    if (slots.invalid && p.error_count != nullptr && hv == 0 && tile == 0 && tid == 0)
+      atomicAdd(p.error_count, 1);
+    zero_output<kVkThreads>(p, n, hv, row0, RB);
+    return;
+  }
+
+  int tc = static_cast<int>(p.T < geo.chunk ? p.T : geo.chunk);
+  stage_issue<kVkThreads>(p, geo, sm, n, 0, tc, hv, row0, RB);
+
+  // The state loads are the long pole: in flight together with the staging copies. Row
+  // offsets include the lane's column, so every vector address is a row pointer + constant.
+  const int64_t ss0 = p.state.s[0], ss1 = p.state.s[1], ss2 = p.state.s[2];
+  S* const state = static_cast<S*>(p.state.data);
+  int64_t row_off[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) row_off[r] = (row0 + r * G + group) * ss2 + j * VE;
+  float st[R][E];
+  {
+    const S* src = state + slots.read * ss0 + hv * ss1;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (row0 + r * G + group < p.V) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i)
+          load_state_vec<S, kVec>(src + row_off[r] + i * (L * VE), &st[r][i * VE]);
+      } else {
+#pragma unroll
+        for (int m = 0; m < E; ++m) st[r][m] = 0.f;
+      }
+    }
+  }
+
+  for (int64_t t0 = 0; t0 < p.T; t0 += geo.chunk) {
+    if (t0 > 0) {
+      tc = static_cast<int>(p.T - t0 < geo.chunk ? p.T - t0 : geo.chunk);
+      __syncthreads();  // the previous chunk's readers are done with shared memory
+      stage_issue<kVkThreads>(p, geo, sm, n, t0, tc, hv, row0, RB);
+    }
+    stage_gates<kVkThreads>(p, sm, n, t0, tc, hv);
+    cp_async_wait_all();
+    __syncthreads();
+    stage_convert<K, kVkThreads>(p, geo, sm, tc, RB, typename Sh::Pos{});
+    __syncthreads();
+
+    for (int t = 0; t < tc; ++t) {
+      const int64_t tt = t0 + t;
+      const float4* q4 = reinterpret_cast<const float4*>(sm.q + t * K);
+      const float4* k4 = reinterpret_cast<const float4*>(sm.k + t * K);
+      float kv[E];
+      float sk[R], sk2[R], sq[R], sq2[R];  // two chains each: half the FMA latency
+#pragma unroll
+      for (int r = 0; r < R; ++r) sk[r] = sk2[r] = sq[r] = sq2[r] = 0.f;
+#pragma unroll
+      for (int m4 = 0; m4 < E / 4; ++m4) {
+        const float4 a = q4[m4 * L + j];
+        const float4 b = k4[m4 * L + j];
+        kv[m4 * 4 + 0] = b.x, kv[m4 * 4 + 1] = b.y, kv[m4 * 4 + 2] = b.z, kv[m4 * 4 + 3] = b.w;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float* x = &st[r][m4 * 4];
+          sk[r] = fmaf(x[0], b.x, sk[r]);
+          sq[r] = fmaf(x[0], a.x, sq[r]);
+          sk2[r] = fmaf(x[1], b.y, sk2[r]);
+          sq2[r] = fmaf(x[1], a.y, sq2[r]);
+          sk[r] = fmaf(x[2], b.z, sk[r]);
+          sq[r] = fmaf(x[2], a.z, sq[r]);
+          sk2[r] = fmaf(x[3], b.w, sk2[r]);
+          sq2[r] = fmaf(x[3], a.w, sq2[r]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        sk[r] += sk2[r];
+        sq[r] += sq2[r];
+      }
+#pragma unroll
+      for (int off = L / 2; off > 0; off >>= 1) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          sk[r] += __shfl_xor_sync(0xffffffffu, sk[r], off);
+          sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], off);
+        }
+      }
+
+      const float4 sc = reinterpret_cast<const float4*>(sm.tok + t * kTokScalars)[0];
+      const float rqs = sc.x, rk = sc.y, kq = sc.z, g = sc.w;
+      const float beta = sm.tok[t * kTokScalars + 4];
+      float my_o = 0.f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v = sm.v[t * RB + r * G + group];
+        const float delta = beta * (v - g * (sk[r] * rk));
+        const float o = g * (sq[r] * rqs) + delta * kq;
+        const float dk = delta * rk;
+#pragma unroll
+        for (int m = 0; m < E; ++m) st[r][m] = fmaf(g, st[r][m], dk * kv[m]);
+        if (j == r) my_o = o;
+      }
+      // Lane j of the group writes row j's output: R scattered stores spread over R lanes.
+      if (j < R && row0 + j * G + group < p.V)
+        store_scalar(p.o.data, p.o.dtype,
+                     n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + row0 + j * G + group, my_o);
+
+      const int64_t wslot = warp_token_write_slot(p, slots, n, tt);
+      S* const inter = static_cast<S*>(p.inter.data);
+      if (inter != nullptr || wslot >= 0) {
+        S* const pool_head = state + wslot * ss0 + hv * ss1;
+        S* const inter_head = inter + n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] +
+                              (row0 + group) * p.inter.s[3] + j * VE;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (row0 + r * G + group >= p.V) continue;
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            const Packed<S> pk = pack_state_vec<S>(&st[r][i * VE]);
+            if (inter != nullptr)
+              store_state_vec<S, kVec>(inter_head + r * G * p.inter.s[3] + i * (L * VE), pk);
+            if (wslot >= 0) store_state_vec<S, kVec>(pool_head + row_off[r] + i * (L * VE), pk);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename S, int K>
+cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+  if (!lp.vec) return launch_kernel(decode_vk_kernel<S, K, 1, false>, p, lp, stream);
+  switch (lp.rows_per_thread) {
+    case 4:
+      return launch_kernel(decode_vk_kernel<S, K, 4, true>, p, lp, stream);
+    case 2:
+      return launch_kernel(decode_vk_kernel<S, K, 2, true>, p, lp, stream);
+    default:
+      return launch_kernel(decode_vk_kernel<S, K, 1, true>, p, lp, stream);
+  }
+}
+
+// Host launcher for one state dtype; instantiated once per dtype in decode_<dtype>_vk.cu.
+template <typename S>
+cudaError_t launch_vk(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+  switch (p.K) {
+    case 64:
+      return launch_vk_k<S, 64>(p, lp, stream);
+    case 128:
+      return launch_vk_k<S, 128>(p, lp, stream);
+    default:
+      return launch_vk_k<S, 256>(p, lp, stream);
+  }
+}
+
+}  // namespace gdn::detail::cuda

@@ -1,0 +1,313 @@
+// The oracle itself, checked against numbers worked out by hand (K = V = 64 with only a 2x2
+// corner nonzero, so the arithmetic fits in a comment) and against invariants that do not
+// need a second implementation. Every backend test trusts the oracle; this is why it can.
+#include <bit>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include <gtest/gtest-spi.h>
+
+#include "gdn_reference.h"
+#include "harness.h"
+
+namespace gdn::test {
+namespace {
+
+void zero(const HostTensor& t) {
+  if (t.defined()) t.for_each([&](const int64_t* i) { t.set(i, 0.0); });
+}
+
+// One row, one head, K = V = 64, fp32 everywhere, dense state; all tensors zero.
+Case tiny_case(int64_t T, GateForm gates, StateLayout layout, bool l2norm, bool inter) {
+  Config cfg;
+  cfg.B = 1;
+  cfg.T = T;
+  cfg.H = cfg.HV = 1;
+  cfg.input_dtype = kFloat32;
+  cfg.gate_dtype = kFloat32;
+  cfg.gates = gates;
+  cfg.layout = layout;
+  cfg.l2norm = l2norm;
+  cfg.normalize_keys_without_l2norm = false;
+  cfg.inter = inter ? InterMode::kCompact : InterMode::kNone;
+  Case c = make_case(cfg, 1);
+  for (Arg a : {Arg::kQ, Arg::kK, Arg::kV, Arg::kA, Arg::kB, Arg::kALog, Arg::kDtBias, Arg::kG, Arg::kBeta,
+                Arg::kState})
+    zero(c[a]);
+  return c;
+}
+
+// Math element (value row r, key c) of the state, whatever the layout.
+double state_at(const Case& c, int64_t slot, int64_t r, int64_t col) {
+  return c.cfg.layout == StateLayout::kVK ? c[Arg::kState].get({slot, 0, r, col})
+                                          : c[Arg::kState].get({slot, 0, col, r});
+}
+void set_state(Case& c, int64_t slot, int64_t r, int64_t col, double x) {
+  if (c.cfg.layout == StateLayout::kVK)
+    c[Arg::kState].set({slot, 0, r, col}, x);
+  else
+    c[Arg::kState].set({slot, 0, col, r}, x);
+}
+double inter_at(const Case& c, int64_t t, int64_t r, int64_t col) {
+  return c.cfg.layout == StateLayout::kVK ? c[Arg::kInter].get({0, t, 0, r, col})
+                                          : c[Arg::kInter].get({0, t, 0, col, r});
+}
+
+void expect_near_rel(double got, double want, const std::string& what) {
+  EXPECT_NEAR(got, want, 1e-6 * std::fabs(want) + 1e-7) << what;
+}
+
+// Gates for all tokens: decay 1/2 and beta 1/2, in either form.
+//   raw: x = a + dt_bias = 0.25 - 0.25 = 0, softplus(0) = log 2, g = exp(-exp(0) * log 2) = 1/2;
+//        beta = sigmoid(0) = 1/2.
+//   precomputed: g = log(1/2) (rounded to fp32), beta = 1/2.
+void half_gates(Case& c) {
+  for (int64_t t = 0; t < c.cfg.T; ++t) {
+    if (c.cfg.gates == GateForm::kRaw) {
+      c[Arg::kA].set({0, t, 0}, 0.25);
+      c[Arg::kB].set({0, t, 0}, 0.0);
+    } else {
+      c[Arg::kG].set({0, t, 0}, std::log(0.5));
+      c[Arg::kBeta].set({0, t, 0}, 0.5);
+    }
+  }
+  if (c.cfg.gates == GateForm::kRaw) {
+    c[Arg::kALog].set({0}, 0.0);
+    c[Arg::kDtBias].set({0}, -0.25);
+  }
+}
+
+// S = [[1, 2], [3, 4]] (rows are value rows), decay 1/2, beta 1/2, no l2norm, scale 1.
+// Token 0: q = (1, 1), k = (1, 0), v = (1, 2).
+//   row 0: h = (0.5, 1); delta = 0.5 * (1 - 0.5) = 0.25; h = (0.75, 1); o = 1.75
+//   row 1: h = (1.5, 2); delta = 0.5 * (2 - 1.5) = 0.25; h = (1.75, 2); o = 3.75
+// Token 1: q = (1, -1), k = (0, 1), v = (-1, 0.5).
+//   row 0: h = (0.375, 0.5); delta = 0.5 * (-1 - 0.5) = -0.75; h = (0.375, -0.25); o = 0.625
+//   row 1: h = (0.875, 1); delta = 0.5 * (0.5 - 1) = -0.25; h = (0.875, 0.75); o = 0.125
+// Every other value row stays zero, so its outputs are exactly zero.
+TEST(Oracle, HandComputedTwoTokens) {
+  for (GateForm gates : {GateForm::kRaw, GateForm::kPrecomputed}) {
+    for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+      SCOPED_TRACE(std::string(gates == GateForm::kRaw ? "raw" : "precomputed") +
+                   (layout == StateLayout::kVK ? " VK" : " KV"));
+      Case c = tiny_case(2, gates, layout, false, true);
+      c.cfg.scale = 1.0f;
+      half_gates(c);
+      set_state(c, 0, 0, 0, 1);
+      set_state(c, 0, 0, 1, 2);
+      set_state(c, 0, 1, 0, 3);
+      set_state(c, 0, 1, 1, 4);
+      const HostTensor &q = c[Arg::kQ], &k = c[Arg::kK], &v = c[Arg::kV];
+      q.set({0, 0, 0, 0}, 1), q.set({0, 0, 0, 1}, 1), k.set({0, 0, 0, 0}, 1);
+      v.set({0, 0, 0, 0}, 1), v.set({0, 0, 0, 1}, 2);
+      q.set({0, 1, 0, 0}, 1), q.set({0, 1, 0, 1}, -1), k.set({0, 1, 0, 1}, 1);
+      v.set({0, 1, 0, 0}, -1), v.set({0, 1, 0, 1}, 0.5);
+      const Case before = c.clone();
+      ASSERT_TRUE(reference::decode(c.args()).ok());
+
+      const HostTensor& o = c[Arg::kO];
+      expect_near_rel(o.get({0, 0, 0, 0}), 1.75, "o[t=0, r=0]");
+      expect_near_rel(o.get({0, 0, 0, 1}), 3.75, "o[t=0, r=1]");
+      expect_near_rel(o.get({0, 1, 0, 0}), 0.625, "o[t=1, r=0]");
+      expect_near_rel(o.get({0, 1, 0, 1}), 0.125, "o[t=1, r=1]");
+      for (int64_t t = 0; t < 2; ++t)
+        for (int64_t r = 2; r < 64; ++r) ASSERT_EQ(o.get({0, t, 0, r}), 0.0) << "t=" << t << " r=" << r;
+      const double s0[2][2] = {{0.75, 1}, {1.75, 2}}, s1[2][2] = {{0.375, -0.25}, {0.875, 0.75}};
+      for (int r = 0; r < 2; ++r)
+        for (int col = 0; col < 2; ++col) {
+          expect_near_rel(inter_at(c, 0, r, col), s0[r][col], "inter t=0");
+          expect_near_rel(inter_at(c, 1, r, col), s1[r][col], "inter t=1");
+          expect_near_rel(state_at(c, 0, r, col), s1[r][col], "final state");
+        }
+      EXPECT_EQ(state_at(c, 0, 5, 7), 0.0);
+      expect_oracle_consistent(before, c);
+    }
+  }
+}
+
+// S = [[1, 2], [3, 4]], k = (3, 4), q = (0, 5), v = (1, -1), decay 1 (g = 0), beta 1,
+// l2norm on, default scale 1/sqrt(64) = 1/8 (the 1e-6 epsilon moves nothing at 1e-6):
+//   kh = (0.6, 0.8), qh = (0, 1) / 8
+//   row 0: h = (1, 2); h.kh = 2.2; delta = 1 - 2.2 = -1.2; h = (0.28, 1.04); o = 0.13
+//   row 1: h = (3, 4); h.kh = 5; delta = -1 - 5 = -6; h = (-0.6, -0.8); o = -0.1
+// With beta 1 the update is a projection: h.kh equals v afterwards.
+TEST(Oracle, HandComputedL2NormAndDefaultScale) {
+  Case c = tiny_case(1, GateForm::kPrecomputed, StateLayout::kVK, true, false);
+  c[Arg::kBeta].set({0, 0, 0}, 1.0);
+  set_state(c, 0, 0, 0, 1);
+  set_state(c, 0, 0, 1, 2);
+  set_state(c, 0, 1, 0, 3);
+  set_state(c, 0, 1, 1, 4);
+  c[Arg::kK].set({0, 0, 0, 0}, 3), c[Arg::kK].set({0, 0, 0, 1}, 4);
+  c[Arg::kQ].set({0, 0, 0, 1}, 5);
+  c[Arg::kV].set({0, 0, 0, 0}, 1), c[Arg::kV].set({0, 0, 0, 1}, -1);
+  ASSERT_TRUE(reference::decode(c.args()).ok());
+  expect_near_rel(c[Arg::kO].get({0, 0, 0, 0}), 0.13, "o[r=0]");
+  expect_near_rel(c[Arg::kO].get({0, 0, 0, 1}), -0.1, "o[r=1]");
+  expect_near_rel(state_at(c, 0, 0, 0), 0.28, "S[0, 0]");
+  expect_near_rel(state_at(c, 0, 0, 1), 1.04, "S[0, 1]");
+  expect_near_rel(state_at(c, 0, 1, 0), -0.6, "S[1, 0]");
+  expect_near_rel(state_at(c, 0, 1, 1), -0.8, "S[1, 1]");
+}
+
+// softplus(1000) = 1000, and with A_log = log(1e-3) the decay is exp(-1e-3 * 1000) = 1/e.
+// beta = sigmoid(b) with b = log(3): 3/4. S row 0 = (2, 0), k = (0, 1) orthogonal, v = 0:
+//   h = (2/e, 0); delta = 0.75 * (0 - 0) = 0; o = h.q = 2/e with q = (1, 0), scale 1.
+TEST(Oracle, SoftplusThresholdAndSigmoid) {
+  Case c = tiny_case(1, GateForm::kRaw, StateLayout::kVK, false, false);
+  c.cfg.scale = 1.0f;
+  c[Arg::kA].set({0, 0, 0}, 1000.0);
+  c[Arg::kALog].set({0}, std::log(1e-3));
+  c[Arg::kB].set({0, 0, 0}, std::log(3.0));
+  set_state(c, 0, 0, 0, 2);
+  c[Arg::kK].set({0, 0, 0, 1}, 1);
+  c[Arg::kQ].set({0, 0, 0, 0}, 1);
+  // Row 1 shows beta: S row 1 = 0 and v = 4, so delta = 0.75 * 4 = 3 and h = 3 * k = (0, 3).
+  c[Arg::kV].set({0, 0, 0, 1}, 4);
+  ASSERT_TRUE(reference::decode(c.args()).ok());
+  expect_near_rel(c[Arg::kO].get({0, 0, 0, 0}), 2.0 / std::exp(1.0), "o[r=0] = 2/e");
+  expect_near_rel(state_at(c, 0, 1, 1), 3.0, "S[1, 1] = beta * v");
+  ASSERT_TRUE(std::isfinite(c[Arg::kO].get({0, 0, 0, 1})));
+}
+
+// GVA: value head hv uses q/k head hv / (HV / H). With H = 2, HV = 4 and q of head 1 zero
+// (l2norm maps zero to zero), value heads 2 and 3 output exactly zero, heads 0 and 1 do not.
+TEST(Oracle, GroupedValueHeadsShareQkHeads) {
+  Config cfg;
+  cfg.B = 2;
+  cfg.T = 2;
+  cfg.H = 2;
+  cfg.HV = 4;
+  cfg.out_dtype = kFloat32;
+  Case c = make_case(cfg, 7);
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t t = 0; t < 2; ++t)
+      for (int64_t i = 0; i < 64; ++i) c[Arg::kQ].set({n, t, 1, i}, 0.0);
+  ASSERT_TRUE(reference::decode(c.args()).ok());
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t t = 0; t < 2; ++t)
+      for (int64_t hv = 0; hv < 4; ++hv) {
+        double ss = 0;
+        for (int64_t r = 0; r < 64; ++r) ss += std::pow(c[Arg::kO].get({n, t, hv, r}), 2);
+        if (hv < 2)
+          EXPECT_GT(ss, 0.0) << "n=" << n << " t=" << t << " hv=" << hv;
+        else
+          EXPECT_EQ(ss, 0.0) << "n=" << n << " t=" << t << " hv=" << hv;
+      }
+}
+
+// Tokens carry the state: one call with T = 2 equals two calls with T = 1 (fp32 state; the
+// only difference is the fp32 rounding of the state between the calls).
+TEST(Oracle, TwoTokensEqualTwoCalls) {
+  Config cfg;
+  cfg.B = 2;
+  cfg.T = 2;
+  cfg.HV = 2;
+  cfg.input_dtype = kFloat32;
+  Case both = make_case(cfg, 11);
+  Config one_cfg = cfg;
+  one_cfg.T = 1;
+  Case first = make_case(one_cfg, 12), second = make_case(one_cfg, 13);
+  // Copy token t of `both` into the single-token cases, and the initial state.
+  for (Case* c : {&first, &second}) {
+    const int64_t t = c == &first ? 0 : 1;
+    for (Arg a : {Arg::kQ, Arg::kK, Arg::kV, Arg::kA, Arg::kB}) {
+      const HostTensor &src = both[a], &dst = (*c)[a];
+      dst.for_each([&](const int64_t* i) {
+        int64_t j[4] = {i[0], t, i[2], dst.ndim() > 3 ? i[3] : 0};
+        dst.set(i, src.get(j));
+      });
+    }
+    for (Arg a : {Arg::kALog, Arg::kDtBias})
+      (*c)[a].for_each([&](const int64_t* i) { (*c)[a].set(i, both[a].get(i)); });
+  }
+  first[Arg::kState].for_each([&](const int64_t* i) { first[Arg::kState].set(i, both[Arg::kState].get(i)); });
+  ASSERT_TRUE(reference::decode(both.args()).ok());
+  ASSERT_TRUE(reference::decode(first.args()).ok());
+  second[Arg::kState].for_each([&](const int64_t* i) { second[Arg::kState].set(i, first[Arg::kState].get(i)); });
+  ASSERT_TRUE(reference::decode(second.args()).ok());
+  double num = 0, den = 0;
+  both[Arg::kO].for_each([&](const int64_t* i) {
+    if (i[1] != 1) return;
+    const int64_t j[4] = {i[0], 0, i[2], i[3]};
+    const double d = both[Arg::kO].get(i) - second[Arg::kO].get(j);
+    num += d * d;
+    den += std::pow(both[Arg::kO].get(i), 2);
+  });
+  EXPECT_LE(std::sqrt(num / den), 1e-6);
+  EXPECT_GT(den, 0.0);
+}
+
+// The harness's own rounding, which the comparators rely on.
+TEST(Harness, RoundToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0x3f808000u)), 0x3f80);  // tie to even (down)
+  EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0x3f818000u)), 0x3f82);  // tie to even (up)
+  EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_fp16(65520.0f), 0x7c00);  // the tie above the largest finite rounds to inf
+  EXPECT_EQ(float_to_fp16(65519.0f), 0x7bff);
+  EXPECT_EQ(float_to_fp16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_fp16(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
+  EXPECT_EQ(float_to_fp16(std::ldexp(3.0f, -25)), 0x0002);  // tie to even: 2
+  EXPECT_EQ(float_to_fp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even (down)
+  EXPECT_EQ(float_to_fp16(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // tie to even (up)
+  for (uint32_t h = 0; h < 0x7c00; ++h) ASSERT_EQ(float_to_fp16(fp16_to_float(static_cast<uint16_t>(h))), h);
+  for (uint32_t h = 0; h < 0x7f80; h += 7) ASSERT_EQ(float_to_bf16(bf16_to_float(static_cast<uint16_t>(h))), h);
+  EXPECT_EQ(ulp_distance16(0x3f80, 0x3f81), 1);
+  EXPECT_EQ(ulp_distance16(0x0000, 0x8000), 0);  // +0 and -0
+  EXPECT_EQ(ulp_distance16(0x0001, 0x8001), 2);
+  EXPECT_EQ(ulp_distance16(0x7fc0, 0x7fc0), std::numeric_limits<int64_t>::max());  // NaN never passes
+}
+
+// The comparators must be able to fail: a poisoned output, a perturbed state, a write to an
+// unnamed slot and a wrong error count are each reported.
+TEST(Harness, ComparatorsCatchWhatTheyShould) {
+  Config cfg;
+  cfg.B = 3;
+  cfg.T = 2;
+  cfg.HV = 2;
+  cfg.addressing = Addressing::kPool;
+  cfg.state_dtype = kBFloat16;
+  cfg.out_dtype = kFloat16;
+  cfg.inter = InterMode::kCompact;
+  const Case before = make_case(cfg, 5);
+  Case want = before.clone();
+  ASSERT_TRUE(reference::decode(want.args()).ok());
+  const auto failures_of = [&](const std::function<void(Case&)>& spoil) {
+    Case got = want.clone();
+    spoil(got);
+    ::testing::TestPartResultArray results;
+    {
+      ::testing::ScopedFakeTestPartResultReporter reporter(
+          ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &results);
+      expect_matches(before, want, got, one_call_tolerance(), "spoiled");
+    }
+    return results.size();
+  };
+  EXPECT_EQ(failures_of([](Case&) {}), 0);
+  EXPECT_GT(failures_of([](Case& g) { g[Arg::kO].set({1, 1, 1, 5}, NAN); }), 0);
+  EXPECT_GT(failures_of([](Case& g) { poison(g[Arg::kO]); }), 0);
+  EXPECT_GT(failures_of([](Case& g) {
+    const int64_t slot = static_cast<int64_t>(g[Arg::kReadSlots].get({0}));
+    const int64_t i[4] = {slot, 0, 3, 3};
+    g[Arg::kState].set_bits(i, g[Arg::kState].bits(i) + 3);  // 3 ulp
+  }), 0);
+  EXPECT_GT(failures_of([](Case& g) {
+    int64_t unnamed = 0;
+    while (unnamed == g[Arg::kReadSlots].get({0}) || unnamed == g[Arg::kReadSlots].get({1}) ||
+           unnamed == g[Arg::kReadSlots].get({2}))
+      ++unnamed;
+    const int64_t i[4] = {unnamed, 1, 0, 0};
+    g[Arg::kState].set_bits(i, g[Arg::kState].bits(i) ^ 1);
+  }), 0);
+  EXPECT_GT(failures_of([](Case& g) { g[Arg::kErrorCount].set({0}, g[Arg::kErrorCount].get({0}) + 1); }), 0);
+  EXPECT_GT(failures_of([](Case& g) { g[Arg::kQ].set({0, 0, 0, 0}, 123.0); }), 0);  // inputs are read-only
+  EXPECT_GT(failures_of([](Case& g) { g[Arg::kInter].set({2, 1, 1, 0, 0}, 0.0); }), 0);
+}
+
+}  // namespace
+}  // namespace gdn::test

@@ -1,0 +1,525 @@
+// `gdn bench`: per-call time of gdn::decode on the GPU against the device-to-device copy
+// ceiling measured in the same run.
+//
+// Method (shared/anchors.md): each configuration is captured into a CUDA graph of C calls
+// that rotate over N state sets (pool + intermediate cache), N chosen so that the bytes the
+// other N-1 calls touch are at least 4x the L2: every call finds its state cold, as in
+// serving, where the other layers' states evict it. The graph is replayed several times and
+// the median replay time / C is the per-call time. q, k, v, gates and o are single copies
+// (in serving they come hot from the previous kernel).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+#include "gdn/gdn.h"
+
+#ifndef GDN_GIT_COMMIT
+#define GDN_GIT_COMMIT "unknown"
+#endif
+
+namespace {
+
+#define GDN_BENCH_CHECK(x)                                                                \
+  do {                                                                                    \
+    const cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess)                                                                \
+      throw std::runtime_error(std::string(#x) + " failed: " + cudaGetErrorString(e_));   \
+  } while (0)
+
+struct Model {
+  const char* name;
+  int H, HV, K, V;
+};
+constexpr Model kModels[] = {{"qwen3-next", 16, 32, 128, 128}, {"qwen3.5", 16, 64, 128, 128}};
+
+enum class Mode { kDense, kPool, kSplit };
+const char* mode_name(Mode m) { return m == Mode::kDense ? "dense" : m == Mode::kPool ? "pool" : "split"; }
+
+struct Config {
+  const Model* model;
+  bool bf16_state;
+  bool layout_kv;
+  Mode mode;
+  int T;
+  int B;
+  bool cache;
+  bool update;
+};
+
+// ---------------------------------------------------------------------------------------
+// Random fill on the device: a counter hash to a uniform in [-amp, amp) (never all zeros;
+// amp = sqrt(3) sigma gives the spec's variances).
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+template <typename T>
+__global__ void fill_uniform(T* p, int64_t n, float amp, uint64_t seed) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float u = static_cast<float>(splitmix64(seed * 0x100000001b3ull + i) >> 40) * (1.f / 16777216.f);
+    p[i] = static_cast<T>((2.f * u - 1.f) * amp);
+  }
+}
+
+template <typename T>
+void fill(void* p, int64_t n, float amp, uint64_t seed, cudaStream_t s) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 132 * 16);
+  fill_uniform<T><<<static_cast<unsigned>(blocks), 256, 0, s>>>(static_cast<T*>(p), n, amp, seed);
+  GDN_BENCH_CHECK(cudaGetLastError());
+}
+
+// One device allocation carved per configuration: no cudaMalloc inside the sweep.
+struct Arena {
+  char* base = nullptr;
+  size_t size = 0;
+  size_t used = 0;
+  void* take(size_t bytes) {
+    const size_t off = (used + 255) / 256 * 256;
+    if (off + bytes > size) throw std::runtime_error("bench arena exhausted");
+    used = off + bytes;
+    return base + off;
+  }
+  size_t left() const { return size > used ? size - used : 0; }
+};
+
+struct Device {
+  int id = 0;
+  std::string name;
+  size_t l2 = 0;
+  int sms = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Device-to-device copy ceiling: 1 GiB cudaMemcpyAsync, bytes read + written over time.
+double copy_ceiling_tbs(cudaStream_t s) {
+  const size_t bytes = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  GDN_BENCH_CHECK(cudaMalloc(&a, bytes));
+  GDN_BENCH_CHECK(cudaMalloc(&b, bytes));
+  fill<float>(a, bytes / 4, 1.f, 1, s);
+  cudaEvent_t e0, e1;
+  GDN_BENCH_CHECK(cudaEventCreate(&e0));
+  GDN_BENCH_CHECK(cudaEventCreate(&e1));
+  std::vector<double> ts;
+  for (int i = 0; i < 7; ++i) {
+    GDN_BENCH_CHECK(cudaEventRecord(e0, s));
+    GDN_BENCH_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+    GDN_BENCH_CHECK(cudaEventRecord(e1, s));
+    GDN_BENCH_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    GDN_BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i > 0) ts.push_back(ms);
+  }
+  GDN_BENCH_CHECK(cudaEventDestroy(e0));
+  GDN_BENCH_CHECK(cudaEventDestroy(e1));
+  GDN_BENCH_CHECK(cudaFree(a));
+  GDN_BENCH_CHECK(cudaFree(b));
+  return 2.0 * bytes / (median(ts) * 1e-3) / 1e12;
+}
+
+struct Options {
+  std::string model = "all", state = "all", mode = "all", layout = "default";
+  std::string cache = "all", update = "all";
+  std::vector<int> T, B;
+  bool quick = false;
+  std::string json;
+  int calls = 20;
+  int reps = 5;
+  double l2_multiple = 4.0;
+};
+
+struct Result {
+  Config c;
+  double us = 0, floor_us = 0, tbs = 0;
+};
+
+// The tensors of one configuration: shared inputs plus N state sets.
+struct Setup {
+  std::vector<gdn::DecodeArgs> sets;
+  double bytes = 0;  // floor model: valid rows' state read (+ write) (+ inter), plus inputs
+};
+
+Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options& opt,
+                 cudaStream_t s, uint64_t seed) {
+  const Model& m = *c.model;
+  const int64_t B = c.B, T = c.T, H = m.H, HV = m.HV, K = m.K, V = m.V;
+  const int64_t rows = c.layout_kv ? K : V, cols = c.layout_kv ? V : K;
+  const int64_t es = c.bf16_state ? 2 : 4;
+  const DLDataType sdt = c.bf16_state ? gdn::kBFloat16 : gdn::kFloat32;
+  const DLDevice dl = gdn::cuda_device(dev.id);
+  const int64_t mat = HV * rows * cols;  // elements per slot
+  const int64_t pad = c.mode == Mode::kDense ? 0 : std::llround(0.2 * B);
+  const int64_t valid = B - pad;
+  const int64_t P = c.mode == Mode::kDense ? B : 4 * B;
+
+  // Bytes each call must move (the floor model), and how many state sets keep it cold.
+  const double state_bytes = double(valid) * mat * es * (c.update ? 2 : 1);
+  const double inter_bytes = c.cache ? double(valid) * T * mat * es : 0;
+  const double input_bytes = double(B) * T * (2 * H * K + 2 * HV * V) * 2 + double(B) * T * HV * 4;
+  Setup su;
+  su.bytes = state_bytes + inter_bytes + input_bytes;
+  const double touched = state_bytes + inter_bytes;
+  const double cold = opt.l2_multiple * double(dev.l2);
+  int64_t N = touched >= cold ? 1 : static_cast<int64_t>(std::ceil(cold / std::max(touched, 1.0))) + 1;
+  N = std::min<int64_t>(N, 512);
+
+  // Shared inputs.
+  auto* q = arena.take(B * T * H * K * 2);
+  auto* k = arena.take(B * T * H * K * 2);
+  auto* v = arena.take(B * T * HV * V * 2);
+  auto* a = arena.take(B * T * HV * 2);
+  auto* b = arena.take(B * T * HV * 2);
+  auto* A_log = arena.take(HV * 4);
+  auto* dt_bias = arena.take(HV * 4);
+  auto* o = arena.take(B * T * HV * V * 2);
+  auto* rs = arena.take(B * 4);
+  auto* ws = arena.take(B * 4);
+  fill<__nv_bfloat16>(q, B * T * H * K, 1.732f, seed + 1, s);
+  fill<__nv_bfloat16>(k, B * T * H * K, 1.732f, seed + 2, s);
+  fill<__nv_bfloat16>(v, B * T * HV * V, 1.732f, seed + 3, s);
+  fill<__nv_bfloat16>(a, B * T * HV, 1.732f, seed + 4, s);
+  fill<__nv_bfloat16>(b, B * T * HV, 1.732f, seed + 5, s);
+  fill<float>(dt_bias, HV, 0.1732f, seed + 6, s);
+  {
+    std::mt19937_64 rng(seed);
+    std::vector<float> al(HV);
+    std::uniform_real_distribution<float> u(1.f, 16.f);
+    for (auto& x : al) x = std::log(u(rng));
+    GDN_BENCH_CHECK(cudaMemcpyAsync(A_log, al.data(), HV * 4, cudaMemcpyHostToDevice, s));
+    // Scattered distinct slots; the padding rows spread over the batch.
+    std::vector<int32_t> perm(P);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> r(B), w(B);
+    std::vector<int64_t> rowperm(B);
+    std::iota(rowperm.begin(), rowperm.end(), 0);
+    std::shuffle(rowperm.begin(), rowperm.end(), rng);
+    for (int64_t n = 0; n < B; ++n) {
+      r[n] = perm[n];
+      w[n] = c.mode == Mode::kSplit ? perm[B + n] : perm[n];
+    }
+    for (int64_t i = 0; i < pad; ++i) r[rowperm[i]] = w[rowperm[i]] = -1;
+    GDN_BENCH_CHECK(cudaMemcpyAsync(rs, r.data(), B * 4, cudaMemcpyHostToDevice, s));
+    GDN_BENCH_CHECK(cudaMemcpyAsync(ws, w.data(), B * 4, cudaMemcpyHostToDevice, s));
+    GDN_BENCH_CHECK(cudaStreamSynchronize(s));  // host vectors die here
+  }
+
+  const size_t set_bytes = ((P * mat * es + 255) / 256 * 256) +
+                           (c.cache ? (B * T * mat * es + 255) / 256 * 256 : 0) + 512;
+  N = std::min<int64_t>(N, static_cast<int64_t>(arena.left() / set_bytes));
+  if (N < 1) throw std::runtime_error("configuration does not fit in device memory");
+
+  gdn::DecodeArgs base;
+  base.q = gdn::make_view(q, gdn::kBFloat16, dl, {B, T, H, K});
+  base.k = gdn::make_view(k, gdn::kBFloat16, dl, {B, T, H, K});
+  base.v = gdn::make_view(v, gdn::kBFloat16, dl, {B, T, HV, V});
+  base.a = gdn::make_view(a, gdn::kBFloat16, dl, {B, T, HV});
+  base.b = gdn::make_view(b, gdn::kBFloat16, dl, {B, T, HV});
+  base.A_log = gdn::make_view(A_log, gdn::kFloat32, dl, {HV});
+  base.dt_bias = gdn::make_view(dt_bias, gdn::kFloat32, dl, {HV});
+  base.o = gdn::make_view(o, gdn::kBFloat16, dl, {B, T, HV, V});
+  base.layout = c.layout_kv ? gdn::StateLayout::kKV : gdn::StateLayout::kVK;
+  base.update_state = c.update;
+  if (c.mode != Mode::kDense) base.read_slots = gdn::make_view(rs, gdn::kInt32, dl, {B});
+  if (c.mode == Mode::kSplit) base.write_slots = gdn::make_view(ws, gdn::kInt32, dl, {B});
+  for (int64_t i = 0; i < N; ++i) {
+    gdn::DecodeArgs args = base;
+    void* st = arena.take(P * mat * es);
+    if (c.bf16_state) {
+      fill<__nv_bfloat16>(st, P * mat, 0.1732f, seed + 100 + i, s);
+    } else {
+      fill<float>(st, P * mat, 0.1732f, seed + 100 + i, s);
+    }
+    args.state = gdn::make_view(st, sdt, dl, {P, HV, rows, cols});
+    if (c.cache) {
+      void* in = arena.take(B * T * mat * es);
+      args.inter = gdn::make_view(in, sdt, dl, {B, T, HV, rows, cols});
+    }
+    su.sets.push_back(args);
+  }
+  return su;
+}
+
+Result run_config(const Config& c, const Device& dev, Arena& arena, const Options& opt,
+                  cudaStream_t s, double copy_tbs, uint64_t seed) {
+  arena.used = 0;
+  Setup su = make_setup(c, dev, arena, opt, s, seed);
+  const int64_t N = static_cast<int64_t>(su.sets.size());
+  Result r;
+  r.c = c;
+  r.floor_us = su.bytes / (copy_tbs * 1e12) * 1e6;
+
+  // One eager call first: argument errors and faults surface here, not inside capture.
+  const gdn::Status st = gdn::decode(su.sets[0], s);
+  if (!st.ok()) throw std::runtime_error("gdn::decode: " + st.message());
+  GDN_BENCH_CHECK(cudaStreamSynchronize(s));
+
+  int64_t calls = std::max<int64_t>(N, r.floor_us > 2000 ? 3 : opt.calls);
+  cudaGraph_t graph;
+  GDN_BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int64_t i = 0; i < calls; ++i) {
+    const gdn::Status e = gdn::decode(su.sets[i % N], s);
+    if (!e.ok()) {
+      cudaStreamEndCapture(s, &graph);
+      throw std::runtime_error("gdn::decode under capture: " + e.message());
+    }
+  }
+  GDN_BENCH_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec;
+  GDN_BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  GDN_BENCH_CHECK(cudaEventCreate(&e0));
+  GDN_BENCH_CHECK(cudaEventCreate(&e1));
+  GDN_BENCH_CHECK(cudaGraphLaunch(exec, s));  // warm-up: module load, first-touch
+  GDN_BENCH_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> per_call;
+  for (int i = 0; i < opt.reps; ++i) {
+    GDN_BENCH_CHECK(cudaEventRecord(e0, s));
+    GDN_BENCH_CHECK(cudaGraphLaunch(exec, s));
+    GDN_BENCH_CHECK(cudaEventRecord(e1, s));
+    GDN_BENCH_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    GDN_BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    per_call.push_back(ms * 1e3 / calls);
+  }
+  GDN_BENCH_CHECK(cudaEventDestroy(e0));
+  GDN_BENCH_CHECK(cudaEventDestroy(e1));
+  GDN_BENCH_CHECK(cudaGraphExecDestroy(exec));
+  GDN_BENCH_CHECK(cudaGraphDestroy(graph));
+  r.us = median(per_call);
+  r.tbs = su.bytes / (r.us * 1e-6) / 1e12;
+  return r;
+}
+
+// Host overhead and eager latency of a T=1, B=1 qwen3-next fp32 dense call.
+void eager_latency(const Device& dev, Arena& arena, const Options& opt, cudaStream_t s,
+                   double& eager_us, double& host_us) {
+  arena.used = 0;
+  Config c{&kModels[0], false, false, Mode::kDense, 1, 1, false, true};
+  Options o = opt;
+  o.l2_multiple = 0;  // one state set: this measures launch cost, not bandwidth
+  Setup su = make_setup(c, dev, arena, o, s, 7);
+  constexpr int kCalls = 200;
+  for (int i = 0; i < 20; ++i) (void)gdn::decode(su.sets[0], s);
+  GDN_BENCH_CHECK(cudaStreamSynchronize(s));
+  const auto h0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCalls; ++i) (void)gdn::decode(su.sets[0], s);
+  const auto h1 = std::chrono::steady_clock::now();
+  GDN_BENCH_CHECK(cudaStreamSynchronize(s));
+  host_us = std::chrono::duration<double, std::micro>(h1 - h0).count() / kCalls;
+  cudaEvent_t e0, e1;
+  GDN_BENCH_CHECK(cudaEventCreate(&e0));
+  GDN_BENCH_CHECK(cudaEventCreate(&e1));
+  GDN_BENCH_CHECK(cudaEventRecord(e0, s));
+  for (int i = 0; i < kCalls; ++i) (void)gdn::decode(su.sets[0], s);
+  GDN_BENCH_CHECK(cudaEventRecord(e1, s));
+  GDN_BENCH_CHECK(cudaEventSynchronize(e1));
+  float ms = 0.f;
+  GDN_BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  eager_us = ms * 1e3 / kCalls;
+  GDN_BENCH_CHECK(cudaEventDestroy(e0));
+  GDN_BENCH_CHECK(cudaEventDestroy(e1));
+}
+
+std::vector<Config> make_sweep(const Options& opt) {
+  auto pick = [](const std::string& sel, const char* name) { return sel == "all" || sel == name; };
+  std::vector<int> Ts = opt.T, Bs = opt.B;
+  if (Ts.empty()) Ts = opt.quick ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1, 2, 3, 4, 6, 8, 16};
+  if (Bs.empty()) Bs = opt.quick ? std::vector<int>{1, 16, 64, 512} : std::vector<int>{1, 4, 16, 64, 256, 512};
+  std::vector<Mode> modes;
+  for (Mode m : {Mode::kDense, Mode::kPool, Mode::kSplit})
+    if (pick(opt.mode, mode_name(m)) && !(opt.quick && opt.mode == "all" && m == Mode::kSplit))
+      modes.push_back(m);
+  std::vector<Config> out;
+  for (const Model& m : kModels) {
+    if (!pick(opt.model, m.name)) continue;
+    for (bool bf16 : {false, true}) {
+      if (!pick(opt.state, bf16 ? "bf16" : "fp32")) continue;
+      for (bool kv : {false, true}) {
+        // default: VK everywhere, KV on a subset (dense, T in {1, 4}, cache off, update on).
+        const bool subset = kv && opt.layout == "default";
+        if (opt.layout == "vk" && kv) continue;
+        if (opt.layout == "kv" && !kv) continue;
+        for (Mode mode : modes) {
+          if (subset && mode != Mode::kDense) continue;
+          for (int T : Ts) {
+            if (subset && T != 1 && T != 4) continue;
+            for (int B : Bs) {
+              for (bool cache : {false, true}) {
+                for (bool update : {true, false}) {
+                  if (T == 1 && (cache || !update)) continue;  // cache/update sweep only for T > 1
+                  if (!pick(opt.cache, cache ? "on" : "off")) continue;
+                  if (!pick(opt.update, update ? "on" : "off")) continue;
+                  if (opt.quick && T > 1 && !(cache && update)) continue;
+                  if (subset && (cache || !update)) continue;
+                  out.push_back(Config{&m, bf16, kv, mode, T, B, cache, update});
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::string today() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d", std::gmtime(&t));
+  return buf;
+}
+
+int bench_main(const Options& opt) {
+  Device dev;
+  GDN_BENCH_CHECK(cudaGetDevice(&dev.id));
+  cudaDeviceProp prop;
+  GDN_BENCH_CHECK(cudaGetDeviceProperties(&prop, dev.id));
+  dev.name = prop.name;
+  dev.l2 = prop.l2CacheSize;
+  dev.sms = prop.multiProcessorCount;
+  cudaStream_t s;
+  GDN_BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  const double copy_tbs = copy_ceiling_tbs(s);
+  Arena arena;
+  {
+    size_t free_b = 0, total_b = 0;
+    GDN_BENCH_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t keep = size_t(2) << 30;
+    arena.size = free_b > 2 * keep ? free_b - keep : free_b / 2;
+    GDN_BENCH_CHECK(cudaMalloc(reinterpret_cast<void**>(&arena.base), arena.size));
+  }
+  double eager_us = 0, host_us = 0;
+  eager_latency(dev, arena, opt, s, eager_us, host_us);
+
+  std::printf("device %s, %d SMs, L2 %.0f MiB; copy ceiling %.3f TB/s\n", dev.name.c_str(), dev.sms,
+              dev.l2 / 1048576.0, copy_tbs);
+  std::printf("eager T=1 B=1 qwen3-next fp32: %.2f us per call on the GPU, %.2f us host time per call\n",
+              eager_us, host_us);
+  std::printf("%-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s\n", "model", "state", "lay",
+              "mode", "T", "B", "cache", "update", "us", "TB/s", "%ceil", "floor_us");
+
+  const std::vector<Config> sweep = make_sweep(opt);
+  std::vector<Result> results;
+  int failures = 0;
+  for (size_t i = 0; i < sweep.size(); ++i) {
+    const Config& c = sweep[i];
+    std::fprintf(stderr, "\r[bench %zu/%zu] %s %s %s %s T=%d B=%d          ", i + 1, sweep.size(),
+                 c.model->name, c.bf16_state ? "bf16" : "fp32", c.layout_kv ? "KV" : "VK",
+                 mode_name(c.mode), c.T, c.B);
+    std::fflush(stderr);
+    try {
+      const Result r = run_config(c, dev, arena, opt, s, copy_tbs, 1000 + i);
+      results.push_back(r);
+      std::printf("%-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.2f %7.3f %5.1f%% %10.2f\n",
+                  c.model->name, c.bf16_state ? "bf16" : "fp32", c.layout_kv ? "KV" : "VK",
+                  mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off", c.update ? "on" : "off", r.us,
+                  r.tbs, 100.0 * r.tbs / copy_tbs, r.floor_us);
+      std::fflush(stdout);
+    } catch (const std::exception& e) {
+      ++failures;
+      std::fprintf(stderr, "\n[bench] %s %s T=%d B=%d: %s\n", c.model->name,
+                   c.bf16_state ? "bf16" : "fp32", c.T, c.B, e.what());
+      (void)cudaGetLastError();
+      if (cudaStreamSynchronize(s) != cudaSuccess) break;  // a sticky error ends the sweep
+    }
+  }
+  std::fprintf(stderr, "\n");
+
+  if (!opt.json.empty()) {
+    nlohmann::json j;
+    j["device"] = dev.name;
+    j["commit"] = GDN_GIT_COMMIT;
+    j["date"] = today();
+    j["copy_TBs"] = copy_tbs;
+    j["l2_bytes"] = dev.l2;
+    j["eager_us"] = eager_us;
+    j["host_us"] = host_us;
+    nlohmann::json rows = nlohmann::json::array();
+    for (const Result& r : results) {
+      const Config& c = r.c;
+      rows.push_back({{"model", c.model->name},
+                      {"state", c.bf16_state ? "bf16" : "fp32"},
+                      {"layout", c.layout_kv ? "KV" : "VK"},
+                      {"mode", mode_name(c.mode)},
+                      {"T", c.T},
+                      {"B", c.B},
+                      {"H", c.model->H},
+                      {"HV", c.model->HV},
+                      {"K", c.model->K},
+                      {"V", c.model->V},
+                      {"cache", c.cache},
+                      {"update", c.update},
+                      {"us", r.us},
+                      {"TBs", r.tbs},
+                      {"floor_us", r.floor_us}});
+    }
+    j["rows"] = rows;
+    std::ofstream f(opt.json);
+    f << j.dump(1) << "\n";
+    if (!f) throw std::runtime_error("cannot write " + opt.json);
+  }
+  GDN_BENCH_CHECK(cudaFree(arena.base));
+  GDN_BENCH_CHECK(cudaStreamDestroy(s));
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("bench", "Time the CUDA kernels against the HBM copy ceiling");
+  cmd->add_option("--model", opt->model, "qwen3-next | qwen3.5 | all")
+      ->check(CLI::IsMember({"qwen3-next", "qwen3.5", "all"}));
+  cmd->add_option("--state", opt->state, "fp32 | bf16 | all")->check(CLI::IsMember({"fp32", "bf16", "all"}));
+  cmd->add_option("--mode", opt->mode, "dense | pool | split | all")
+      ->check(CLI::IsMember({"dense", "pool", "split", "all"}));
+  cmd->add_option("--layout", opt->layout, "vk | kv | all | default (VK, plus KV on a subset)")
+      ->check(CLI::IsMember({"vk", "kv", "all", "default"}));
+  cmd->add_option("--cache", opt->cache, "on | off | all (T > 1)")->check(CLI::IsMember({"on", "off", "all"}));
+  cmd->add_option("--update", opt->update, "on | off | all (T > 1)")->check(CLI::IsMember({"on", "off", "all"}));
+  cmd->add_option("--T", opt->T, "tokens per row (list)")->delimiter(',');
+  cmd->add_option("--B", opt->B, "batch sizes (list)")->delimiter(',');
+  cmd->add_flag("--quick", opt->quick, "a short sweep");
+  cmd->add_option("--json", opt->json, "write the results as JSON to this path");
+  cmd->add_option("--calls", opt->calls, "calls per captured graph (at least the state sets)");
+  cmd->add_option("--reps", opt->reps, "timed graph replays (median)");
+  cmd->callback([opt] {
+    int rc = 1;
+    try {
+      rc = bench_main(*opt);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gdn bench: %s\n", e.what());
+    }
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
