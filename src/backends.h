@@ -15,5 +15,9 @@ void decode_cpu(const Problem& p);
 // returns kNotSupported in builds without CUDA (src/cuda_stub.cpp).
 Status decode_cuda(const Problem& p, void* stream);
 
+// Ok when this build has the CUDA backend; otherwise the kNotSupported status decode_cuda
+// returns, so that can_implement and decode agree on CUDA tensors in a CPU-only build.
+Status cuda_backend_status();
+
 
 }  // namespace gdn::detail

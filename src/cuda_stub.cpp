@@ -3,11 +3,13 @@
 
 namespace gdn::detail {
 
-Status decode_cuda(const Problem&, void*) {
+Status cuda_backend_status() {
   return Status(StatusCode::kNotSupported,
                 "tensors are on a CUDA device, but this build of gdn has no CUDA backend "
                 "(configure with a CUDA compiler and GDN_ENABLE_CUDA=ON)");
 }
+
+Status decode_cuda(const Problem&, void*) { return cuda_backend_status(); }
 
 }  // namespace gdn::detail
 

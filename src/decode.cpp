@@ -6,7 +6,9 @@ namespace gdn {
 
 Status can_implement(const DecodeArgs& args) {
   detail::Problem p;
-  return detail::build_problem(args, &p);
+  Status s = detail::build_problem(args, &p);
+  if (s.ok() && args.state.device.device_type == kDLCUDA) return detail::cuda_backend_status();
+  return s;
 }
 
 Status decode(const DecodeArgs& args, void* stream) {
