@@ -6,11 +6,14 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest-spi.h>
 
+#include "compare.h"
 #include "gdn_reference.h"
 #include "harness.h"
+#include "host_dtype.h"
 
 namespace gdn::test {
 namespace {
@@ -240,27 +243,108 @@ TEST(Oracle, TwoTokensEqualTwoCalls) {
   EXPECT_GT(den, 0.0);
 }
 
-// The harness's own rounding, which the comparators rely on.
+// The shared rounding (src/host_dtype.h) and ulp distance (reference/compare.h) that the
+// harness and the comparator rely on.
 TEST(Harness, RoundToNearestEven) {
-  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
-  EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0x3f808000u)), 0x3f80);  // tie to even (down)
-  EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0x3f818000u)), 0x3f82);  // tie to even (up)
-  EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0x3f808001u)), 0x3f81);
-  EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
-  EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);
-  EXPECT_EQ(float_to_fp16(65520.0f), 0x7c00);  // the tie above the largest finite rounds to inf
-  EXPECT_EQ(float_to_fp16(65519.0f), 0x7bff);
-  EXPECT_EQ(float_to_fp16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
-  EXPECT_EQ(float_to_fp16(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
-  EXPECT_EQ(float_to_fp16(std::ldexp(3.0f, -25)), 0x0002);  // tie to even: 2
-  EXPECT_EQ(float_to_fp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even (down)
-  EXPECT_EQ(float_to_fp16(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // tie to even (up)
-  for (uint32_t h = 0; h < 0x7c00; ++h) ASSERT_EQ(float_to_fp16(fp16_to_float(static_cast<uint16_t>(h))), h);
-  for (uint32_t h = 0; h < 0x7f80; h += 7) ASSERT_EQ(float_to_bf16(bf16_to_float(static_cast<uint16_t>(h))), h);
-  EXPECT_EQ(ulp_distance16(0x3f80, 0x3f81), 1);
-  EXPECT_EQ(ulp_distance16(0x0000, 0x8000), 0);  // +0 and -0
-  EXPECT_EQ(ulp_distance16(0x0001, 0x8001), 2);
-  EXPECT_EQ(ulp_distance16(0x7fc0, 0x7fc0), std::numeric_limits<int64_t>::max());  // NaN never passes
+  using detail::bf16_bits_to_float, detail::float_to_bf16_bits, detail::fp16_bits_to_float,
+      detail::float_to_fp16_bits;
+  EXPECT_EQ(float_to_bf16_bits(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16_bits(std::bit_cast<float>(0x3f808000u)), 0x3f80);  // tie to even (down)
+  EXPECT_EQ(float_to_bf16_bits(std::bit_cast<float>(0x3f818000u)), 0x3f82);  // tie to even (up)
+  EXPECT_EQ(float_to_bf16_bits(std::bit_cast<float>(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(float_to_fp16_bits(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_fp16_bits(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_fp16_bits(65520.0f), 0x7c00);  // the tie above the largest finite rounds to inf
+  EXPECT_EQ(float_to_fp16_bits(65519.0f), 0x7bff);
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(3.0f, -25)), 0x0002);  // tie to even: 2
+  EXPECT_EQ(float_to_fp16_bits(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even (down)
+  EXPECT_EQ(float_to_fp16_bits(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // tie to even (up)
+  for (uint32_t h = 0; h < 0x7c00; ++h)
+    ASSERT_EQ(float_to_fp16_bits(fp16_bits_to_float(static_cast<uint16_t>(h))), h);
+  for (uint32_t h = 0; h < 0x7f80; h += 7)
+    ASSERT_EQ(float_to_bf16_bits(bf16_bits_to_float(static_cast<uint16_t>(h))), h);
+  using reference::ulp_distance16;
+  EXPECT_EQ(ulp_distance16(kBFloat16, 0x3f80, 0x3f81), 1);
+  EXPECT_EQ(ulp_distance16(kBFloat16, 0x0000, 0x8000), 0);  // +0 and -0
+  EXPECT_EQ(ulp_distance16(kFloat16, 0x0001, 0x8001), 2);
+  EXPECT_EQ(ulp_distance16(kBFloat16, 0x7fc0, 0x7fc0), std::numeric_limits<int64_t>::max());  // NaN never passes
+  EXPECT_EQ(ulp_distance16(kFloat16, 0x7e00, 0x7e00), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(ulp_distance16(kFloat16, 0x7c00, 0x7bff), 1);  // fp16 inf is not a NaN
+}
+
+// reference::compare_vectors on hand-made vectors: each bound of docs/semantics.md section 5
+// and the diagnostics the tests report from.
+TEST(Harness, CompareVectorsRule) {
+  using reference::Agreement;
+  using reference::compare_vectors;
+  const auto judge = [](const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, DLDataType dt,
+                        int64_t len, bool many_steps = false) {
+    Agreement a;
+    compare_vectors(got.data(), want.data(), dt, static_cast<int64_t>(got.size()) / len, len, &a, many_steps);
+    return a;
+  };
+  // 4000 bf16 elements of 1.0 in 40 vectors; bits nudged by hand.
+  std::vector<uint16_t> want(4000, 0x3f80), got = want;
+  EXPECT_TRUE(judge(got, want, kBFloat16, 100).ok());
+  got[5] += 1, got[1234] += 1, got[2000] -= 1, got[3999] += 2;  // 1 ulp three times, 2 ulp once
+  EXPECT_TRUE(judge(got, want, kBFloat16, 100).ok());
+  got[10] += 2, got[20] += 2;  // 3 elements over 1 ulp: 0.075% <= 0.1% (4 allowed)
+  EXPECT_TRUE(judge(got, want, kBFloat16, 100).ok());
+  got[30] += 2, got[40] += 2;  // 5 over 1 ulp: 0.125% > 0.1%
+  Agreement a = judge(got, want, kBFloat16, 100);
+  EXPECT_FALSE(a.ok());
+  EXPECT_EQ(a.over_1ulp, 5);
+  EXPECT_EQ(a.failing_vectors, 0);  // no single vector breaks the rule: the count does
+  got = want;
+  got[2345] += 3;  // one element 3 ulp away
+  a = judge(got, want, kBFloat16, 100);
+  EXPECT_FALSE(a.ok());
+  EXPECT_EQ(a.failing_vectors, 1);
+  EXPECT_EQ(a.worst.vector, 23);
+  EXPECT_EQ(a.worst.element, 45);
+  EXPECT_EQ(a.worst.error, 3.0);
+  EXPECT_EQ(a.worst.want, 1.0);
+  EXPECT_TRUE(judge(got, want, kBFloat16, 100, /*many_steps=*/true).ok());  // 3 ulp of 1.0 = 0.023, over a norm of 10
+  got[2345] = 0x7fc0;  // NaN never passes, not even against NaN
+  EXPECT_FALSE(judge(got, want, kBFloat16, 100, true).ok());
+  want[2345] = 0x7fc0;
+  a = judge(got, want, kBFloat16, 100, true);
+  EXPECT_FALSE(a.ok());
+  EXPECT_EQ(a.nan, 1);
+  // Below 2^-12 of the tensor's RMS, elements are measured in ulps of that floor.
+  want.assign(4000, 0x3f80);
+  want[7] = 0x3000;  // 2^-31
+  got = want;
+  got[7] = 0x3010;  // 16 bf16 ulps at 2^-31, far below 1 ulp of the floor 2^-12 (ulp 2^-19)
+  a = judge(got, want, kBFloat16, 100);
+  EXPECT_TRUE(a.ok());
+  EXPECT_EQ(a.strict_over_2ulp, 1);
+  // An exactly zero oracle vector must be exactly zero, sign included.
+  want.assign(200, 0x3f80);
+  std::fill(want.begin(), want.begin() + 100, 0);
+  got = want;
+  EXPECT_TRUE(judge(got, want, kBFloat16, 100, true).ok());
+  got[3] = 0x8000;
+  a = judge(got, want, kBFloat16, 100, true);
+  EXPECT_FALSE(a.ok());
+  EXPECT_EQ(a.zero_mismatch, 1);
+  // fp32: relative Frobenius 1e-5 per vector, against max(its norm, RMS vector norm / 16).
+  std::vector<float> fw(64 * 3, 1.0f), fg = fw;
+  std::fill(fw.begin() + 64, fw.begin() + 128, 1e-3f);  // a small vector: floor = RMS norm / 16
+  fg = fw;
+  fg[64] += 2e-7f;  // 2e-7 / max(8e-3, ~0.41) < 1e-5 although 2.5e-5 of its own norm
+  Agreement f;
+  compare_vectors(fg.data(), fw.data(), kFloat32, 3, 64, &f);
+  EXPECT_TRUE(f.ok()) << f.summary();
+  fg[0] += 1e-4f;  // 1.25e-5 of the first vector's norm 8
+  Agreement f2;
+  compare_vectors(fg.data(), fw.data(), kFloat32, 3, 64, &f2);
+  EXPECT_FALSE(f2.ok());
+  EXPECT_EQ(f2.failing_vectors, 1);
+  EXPECT_EQ(f2.worst.vector, 0);
+  EXPECT_EQ(f2.worst.element, 0);
 }
 
 // The comparators must be able to fail: a poisoned output, a perturbed state, a write to an

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 
+#include "compare.h"
 #include "gdn/gdn.h"
 #include "gdn_reference.h"
 #if defined(GDN_TORCH_ABI)
@@ -391,6 +392,52 @@ PyMethodDef kMethods[] = {
      "Same arguments as decode; returns None when the call is valid, else (status code, message)."},
     {nullptr, nullptr, 0, nullptr}};
 
+// Testing helper: reference::compare_vectors, the one implementation of the tolerance rule
+// of docs/semantics.md section 5, on host arrays (float32, float16, or uint16 holding bf16
+// bits), read as contiguous vectors of `len` elements.
+using HostArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+nb::dict agreement(const HostArray& got, const HostArray& want, int64_t len, bool many_steps) {
+  const auto storage_of = [](const HostArray& a) -> DLDataType {
+    const nb::dlpack::dtype t = a.dtype();
+    if (t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && (t.bits == 32 || t.bits == 16))
+      return t.bits == 32 ? gdn::kFloat32 : gdn::kFloat16;
+    if (t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) && t.bits == 16)
+      return gdn::kBFloat16;  // bf16 bit patterns
+    throw nb::type_error("_agreement: arrays must be float32, float16, or uint16 holding bfloat16 bits");
+  };
+  const DLDataType storage = storage_of(got);
+  const DLDataType w = storage_of(want);
+  if (w.code != storage.code || w.bits != storage.bits || got.size() != want.size())
+    throw nb::value_error("_agreement: got and want differ in dtype or size");
+  if (len <= 0 || got.size() % static_cast<size_t>(len) != 0)
+    throw nb::value_error("_agreement: len must divide the number of elements");
+  gdn::reference::Agreement a;
+  gdn::reference::compare_vectors(got.data(), want.data(), storage, static_cast<int64_t>(got.size()) / len, len, &a,
+                                  many_steps);
+  nb::dict r;
+  r["ok"] = a.ok();
+  const std::string summary = a.summary(), worst = a.worst_summary();
+  r["summary"] = nb::str(summary.c_str(), summary.size());
+  r["worst_summary"] = nb::str(worst.c_str(), worst.size());
+  r["elements"] = a.elements;
+  r["vectors"] = a.vectors;
+  r["nan"] = a.nan;
+  r["over_1ulp"] = a.over_1ulp;
+  r["over_2ulp"] = a.over_2ulp;
+  r["strict_over_2ulp"] = a.strict_over_2ulp;
+  r["max_rel_frob"] = a.max_rel_frob;
+  r["zero_mismatch"] = a.zero_mismatch;
+  r["failing_vectors"] = a.failing_vectors;
+  r["tensor_rms"] = a.tensor_rms;
+  r["vector_floor"] = a.vector_floor;
+  r["worst_vector"] = a.worst.vector;
+  r["worst_element"] = a.worst.element;
+  r["worst_got"] = a.worst.got;
+  r["worst_want"] = a.worst.want;
+  r["worst_error"] = a.worst.error;
+  return r;
+}
+
 }  // namespace
 
 // NB_MODULE pastes its argument; the indirection expands GDN_MODULE_NAME first.
@@ -405,6 +452,10 @@ GDN_NB_MODULE(GDN_MODULE_NAME, m) {
   s_device = PyUnicode_InternFromString("device");
   if (PyModule_AddFunctions(m.ptr(), kMethods) != 0) throw nb::python_error();
   m.def("cuda_available", &gdn::cuda_available, "True when this build has the CUDA backend compiled in.");
+  m.def("_agreement", &agreement, nb::arg("got"), nb::arg("want"), nb::arg("len"), nb::arg("many_steps") = false,
+        "Testing helper: judges got against want (the oracle's) by docs/semantics.md section 5 as "
+        "contiguous vectors of len elements; float32, float16 or uint16 (bf16 bits) host arrays. "
+        "Returns a dict of the counts, 'ok' and the worst element.");
   m.attr("NUM_ARGS") = static_cast<int>(kNumArgs);
 #if defined(GDN_TORCH_ABI)
   m.attr("TORCH_VERSION") = GDN_TORCH_VERSION;  // the torch whose headers this was built with

@@ -1,5 +1,5 @@
 """gdn.decode on host numpy arrays (the CPU backend) against gdn.reference_decode (the
-float64 oracle), per docs/semantics.md section 6: fresh random inputs, NaN-poisoned
+float64 oracle), per docs/semantics.md section 5: fresh random inputs, NaN-poisoned
 outputs, every addressing mode, strided views. Runs in CI without torch or a GPU."""
 
 import numpy as np
@@ -12,7 +12,6 @@ from gdn_testing import (
     assert_matches,
     gates,
     normal,
-    output_floor,
     numpy_decode,
     poisoned,
     pool,
@@ -134,9 +133,10 @@ def test_deterministic():
     assert a["state"].tobytes() == b["state"].tobytes()
 
 
-@pytest.mark.parametrize("state_dtype,bound", [(F32, 1e-5), (F16, 1e-2)], ids=["fp32", "fp16"])
-def test_many_steps_fed_back(state_dtype, bound):
-    # 256 decode steps through the same state: errors must not accumulate past section 6.
+@pytest.mark.parametrize("state_dtype", [F32, F16], ids=["fp32", "fp16"])
+def test_many_steps_fed_back(state_dtype):
+    # 256 decode steps through the same state: errors must not accumulate past the many-steps
+    # bound of docs/semantics.md section 5.
     rng = np.random.default_rng(36)
     B, H, HV, K, V = 2, 1, 2, 64, 64
     s_got = pool(rng, B, HV, K, V, "VK", state_dtype)
@@ -147,10 +147,8 @@ def test_many_steps_fed_back(state_dtype, bound):
         o_got = gdn.decode(state=s_got, **args)
         o_want = gdn.reference_decode(state=s_want, **args)
         if state_dtype == F32:
-            assert_matches(o_got, o_want, f"o at step {step}", floor=output_floor(V))
-    err = np.linalg.norm(s_got.astype(np.float64) - s_want.astype(np.float64))
-    rel = err / np.linalg.norm(s_want.astype(np.float64))
-    assert rel <= bound, f"state after 256 steps: relative Frobenius error {rel:.3g} > {bound}"
+            assert_matches(o_got, o_want, f"o at step {step}", many_steps=True)
+    assert_matches(s_got, s_want, "state after 256 steps", many_steps=True)
 
 
 # --- pool addressing ---------------------------------------------------------------------
@@ -278,12 +276,11 @@ def test_page_padded_pool():
         args["state"] = flat[:, : HV * V * K].reshape(P, HV, V, K)
         args["read_slots"] = np.array([3, 1], np.int32)
         args["o"] = poisoned((B, 1, HV, V), np.float32)
-        return args, {"o": args["o"], "flat": flat}
+        return args, {"o": args["o"], "state": args["state"], "tail": flat[:, -256:]}
 
     got, want = run_pair(build)
-    assert_all_match(got, want, groups={"flat": 1})
-    original = build()[1]["flat"]
-    assert got["flat"][:, -256:].tobytes() == original[:, -256:].tobytes()
+    assert_all_match(got, want)
+    assert got["tail"].tobytes() == build()[1]["tail"].tobytes()
 
 
 # --- speculative decoding: per-token slots, accepted-token continuation, cache ---------
