@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -276,6 +277,7 @@ __device__ __forceinline__ void token_gates(const Problem& p, int64_t n, int64_t
 // ---------------------------------------------------------------------------------------
 struct Geometry {
   int tiles = 1;        // row (VK) or column (KV) tiles per (n, hv)
+  int tile_rows = 0;    // VK tile path: state rows per block (a multiple of the row groups)
   int chunk = 1;        // tokens staged at once
   int raw_bytes = 0;    // bytes of the raw staging area (16-byte multiple)
   bool qkv_vec = true;  // q, k, v views allow 16-byte cp.async
@@ -308,6 +310,34 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed cp.async groups are still pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void st_shared_zero16(void* smem) {
+  *reinterpret_cast<uint4*>(smem) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// One-time opt-in to more than 48 KB of dynamic shared memory for a kernel on the current
+// device (the per-device maximum), cached per kernel instantiation: never once per call.
+template <typename Kernel>
+cudaError_t allow_big_smem(Kernel kernel) {
+  static std::atomic<int> done[64];
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 0 || dev >= 64 || done[dev].load(std::memory_order_acquire) != 0) return cudaSuccess;
+  int optin = 0;
+  err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+  if (err == cudaSuccess) done[dev].store(1, std::memory_order_release);
+  return err;
 }
 
 __device__ __forceinline__ int dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
@@ -452,7 +482,9 @@ struct LaunchPlan {
   int64_t blocks = 0;
   int threads = 0;
   size_t smem = 0;          // dynamic shared memory bytes
-  int rows_per_thread = 1;  // VK only: state rows per thread (1, 2 or 4)
+  int rows_per_thread = 1;  // VK only: state rows per thread (1, 2 or 4); tile path: rows
+                            // in registers at once (1 or 2)
+  bool tile = false;        // shared-memory tile path (16-byte state, all tokens staged)
   bool vec = true;          // 16-byte state accesses allowed
   bool pdl = true;          // programmatic dependent launch attribute
   Geometry geo;

@@ -43,6 +43,33 @@ bool pdl_enabled() {
   static const bool v = env_int("GDN_CUDA_PDL", 1) != 0;
   return v;
 }
+// Shared-memory tile paths (T <= 16, 16-byte state):
+//   GDN_CUDA_TILE=0           off: the register-resident general kernels everywhere;
+//   GDN_CUDA_VK_TILE=<rows>   VK state rows per block (power of two; default: 32 KB of state);
+//   GDN_CUDA_VK_TILE_BYTES=<bytes>  the default's per-block state bytes (32768);
+//   GDN_CUDA_VK_RR=1|2        VK rows in registers at once (default 1 at T = 1, else 2);
+//   GDN_CUDA_TILE_BPS=<n>     small grids: VK tiles shrink until the grid has n blocks per SM
+//                             (default 4).
+bool tile_enabled() {
+  static const bool v = env_int("GDN_CUDA_TILE", 1) != 0;
+  return v;
+}
+int vk_tile_rows_override() {
+  static const int v = env_int("GDN_CUDA_VK_TILE", 0);
+  return v;
+}
+int vk_tile_bytes() {
+  static const int v = env_int("GDN_CUDA_VK_TILE_BYTES", 32768);
+  return v > 0 ? v : 32768;
+}
+int vk_rr_override() {
+  static const int v = env_int("GDN_CUDA_VK_RR", 0);
+  return v;
+}
+int tile_blocks_per_sm() {
+  static const int v = env_int("GDN_CUDA_TILE_BPS", 4);
+  return v;
+}
 
 // 16-byte state vectors need every row start 16-byte aligned: the base pointer and every
 // stride except the innermost a multiple of one vector. Otherwise the scalar variant runs.
@@ -114,6 +141,86 @@ LaunchPlan plan_vk(const Problem& p, bool vec) {
   return lp;
 }
 
+// Staging bytes (raw + fp32) of all T tokens for nc rows/columns; sets the geometry's chunk.
+size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp) {
+  const int64_t es = dtype_bytes_host(p.q.dtype);
+  const int chunk = static_cast<int>(p.T);
+  const size_t raw = (static_cast<size_t>(chunk) * (2 * p.K + nc) * es + 15) / 16 * 16;
+  const size_t f32 = sizeof(float) * chunk * (2 * p.K + kTokScalars + nc);
+  lp.geo.chunk = chunk;
+  lp.geo.raw_bytes = static_cast<int>(raw);
+  return raw + f32;
+}
+
+constexpr size_t kTileSmemMax = 200 * 1024;  // under the 227 KB opt-in maximum of sm_90
+
+// VK tile path: tile rows a power of two in [G * RR, V], default ~32 KB of state per block,
+// halved while the grid is small (latency: more, shorter blocks).
+template <typename S>
+bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
+  const int L = static_cast<int>(p.K / 16);
+  const int G = kVkThreads / L;
+  const int V = static_cast<int>(p.V);
+  const int row_bytes = static_cast<int>(p.K * sizeof(S));
+  int rt = G;
+  const int o = vk_tile_rows_override();
+  if (o > 0) {
+    while (rt * 2 <= o && rt * 2 <= V) rt *= 2;
+  } else {
+    while (rt * 2 <= V && rt * 2 * row_bytes <= vk_tile_bytes()) rt *= 2;
+    const int64_t heads = p.B * p.HV;
+    const int64_t want = static_cast<int64_t>(tile_blocks_per_sm()) * sm_count();
+    while (rt > G && heads * (V / rt) < want) rt /= 2;
+  }
+  for (;;) {
+    const size_t smem = static_cast<size_t>(rt) * row_bytes + stage_all_tokens(p, rt, lp);
+    if (smem <= kTileSmemMax) {
+      lp.smem = smem;
+      break;
+    }
+    if (rt == G) return false;
+    rt /= 2;
+  }
+  // Two rows in registers at once halve the per-row q/k reads: worth it when tokens repeat.
+  int rr = p.T > 1 ? 2 : 1;
+  if (vk_rr_override() == 1 || vk_rr_override() == 2) rr = vk_rr_override();
+  if (rt % (2 * G) != 0) rr = 1;
+  lp.tile = true;
+  lp.rows_per_thread = rr;
+  lp.threads = kVkThreads;
+  lp.vec = true;
+  lp.geo.tile_rows = rt;
+  lp.geo.tiles = V / rt;
+  lp.blocks = p.B * p.HV * lp.geo.tiles;
+  return true;
+}
+
+template <typename S, int K>
+bool plan_kv_tile_k(const Problem& p, LaunchPlan& lp) {
+  using Sh = KvShape<S, K, kKvTileThreads>;
+  const size_t lead = sizeof(float) * kv_tile_lead_floats<S, K>(p.T > 1);
+  lp.smem = lead + stage_all_tokens(p, Sh::VT, lp);
+  if (lp.smem > kTileSmemMax) return false;
+  lp.tile = true;
+  lp.threads = Sh::kThreads;
+  lp.vec = true;
+  lp.geo.tiles = static_cast<int>((p.V + Sh::VT - 1) / Sh::VT);
+  lp.blocks = p.B * p.HV * lp.geo.tiles;
+  return true;
+}
+
+template <typename S>
+bool plan_kv_tile(const Problem& p, LaunchPlan& lp) {
+  switch (p.K) {
+    case 64:
+      return plan_kv_tile_k<S, 64>(p, lp);
+    case 128:
+      return plan_kv_tile_k<S, 128>(p, lp);
+    default:
+      return plan_kv_tile_k<S, 256>(p, lp);
+  }
+}
+
 template <typename S, int K>
 size_t kv_red_bytes() {
   return sizeof(float) * KvShape<S, K>::kRedFloats;
@@ -135,7 +242,11 @@ template <typename S>
 cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
   const int64_t ve = kVecElems<S>;
   const bool vec = vec_ok(p.state, 3, ve) && vec_ok(p.inter, 4, ve);
-  LaunchPlan plan = p.layout_kv ? plan_kv<S>(p, vec) : plan_vk(p, vec);
+  LaunchPlan plan;
+  bool tiled = false;
+  if (vec && tile_enabled() && p.T <= kMaxChunk)
+    tiled = p.layout_kv ? plan_kv_tile<S>(p, plan) : plan_vk_tile<S>(p, plan);
+  if (!tiled) plan = p.layout_kv ? plan_kv<S>(p, vec) : plan_vk(p, vec);
   plan.geo.qkv_vec = qkv_vec_ok(p);
   plan.pdl = pdl_enabled();
   return p.layout_kv ? launch_kv<S>(p, plan, stream) : launch_vk<S>(p, plan, stream);

@@ -14,12 +14,12 @@
 
 namespace gdn::detail::cuda {
 
-template <typename S, int K>
+template <typename S, int K, int NTh = (sizeof(S) == 4 ? 128 : 256)>
 struct KvShape {
   static constexpr int VE = kVecElems<S>;
   static constexpr int LV = 8;                       // lanes along V
   static constexpr int VT = LV * VE;                 // columns per block
-  static constexpr int kThreads = sizeof(S) == 4 ? 128 : 256;
+  static constexpr int kThreads = NTh;
   static constexpr int NW = kThreads / 32;
   static constexpr int KGW = 32 / LV;                // k-groups per warp
   static constexpr int KG = kThreads / LV;           // k-groups per block
@@ -56,12 +56,78 @@ __device__ __forceinline__ void load_smem_row(const float* src, float* dst) {
   }
 }
 
+// Cross-thread sum of the partial dot products (shared by both KV kernels): an xor-shuffle
+// over the warp's k-groups, then across warps through shared memory (double-buffered by
+// token parity: one barrier per token). Every thread of the block must call it.
+template <typename Sh>
+__device__ __forceinline__ void kv_reduce(float* s_red, int buf, int warp, int vl, int kgw,
+                                          float (&sk)[Sh::VE], float (&sq)[Sh::VE]) {
+  constexpr int VE = Sh::VE, LV = Sh::LV, NW = Sh::NW, RED = Sh::RED;
+#pragma unroll
+  for (int off = LV; off < 32; off <<= 1) {
+#pragma unroll
+    for (int c = 0; c < VE; ++c) {
+      sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], off);
+      sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], off);
+    }
+  }
+  float* red = s_red + buf * (NW * LV * RED);
+  if (kgw == 0) {
+    float4* dst = reinterpret_cast<float4*>(red + (warp * LV + vl) * RED);
+#pragma unroll
+    for (int c = 0; c < VE; c += 4) {
+      dst[c / 4] = make_float4(sk[c], sk[c + 1], sk[c + 2], sk[c + 3]);
+      dst[(VE + c) / 4] = make_float4(sq[c], sq[c + 1], sq[c + 2], sq[c + 3]);
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int c = 0; c < VE; ++c) sk[c] = sq[c] = 0.f;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    const float4* src = reinterpret_cast<const float4*>(red + (w * LV + vl) * RED);
+#pragma unroll
+    for (int c = 0; c < VE; c += 4) {
+      const float4 a = src[c / 4];
+      const float4 b = src[(VE + c) / 4];
+      sk[c] += a.x, sk[c + 1] += a.y, sk[c + 2] += a.z, sk[c + 3] += a.w;
+      sq[c] += b.x, sq[c + 1] += b.y, sq[c + 2] += b.z, sq[c + 3] += b.w;
+    }
+  }
+}
+
+// delta (times rk) and o of token t for VE columns: delta = beta*(v - g*sk),
+// o = g*sq + delta*kq; dk = delta*rk is what the update adds per unit of k.
+template <int VE>
+__device__ __forceinline__ void kv_delta(const StageSmem& sm, int t, const float* vcol,
+                                         const float (&sk)[VE], const float (&sq)[VE],
+                                         float (&o)[VE], float (&dk)[VE], float& g) {
+  const float4 sc = reinterpret_cast<const float4*>(sm.tok + t * kTokScalars)[0];
+  const float rqs = sc.x, rk = sc.y, kq = sc.z;
+  g = sc.w;
+  const float beta = sm.tok[t * kTokScalars + 4];
+#pragma unroll
+  for (int c = 0; c < VE; ++c) {
+    const float delta = beta * (vcol[c] - g * (sk[c] * rk));
+    o[c] = g * (sq[c] * rqs) + delta * kq;
+    dk[c] = delta * rk;
+  }
+}
+
+template <int VE>
+__device__ __forceinline__ void kv_store_o(const Problem& p, int64_t n, int64_t tt, int64_t hv,
+                                           int64_t col, const float (&o)[VE]) {
+  const int64_t ob = n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + col;
+#pragma unroll
+  for (int c = 0; c < VE; ++c) store_scalar(p.o.data, p.o.dtype, ob + c, o[c]);
+}
+
 template <typename S, int K, bool kVec>
 __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
     decode_kv_kernel(const __grid_constant__ Problem p, const Geometry geo) {
   using Sh = KvShape<S, K>;
-  constexpr int VE = Sh::VE, LV = Sh::LV, VT = Sh::VT, NT = Sh::kThreads, NW = Sh::NW;
-  constexpr int KGW = Sh::KGW, KG = Sh::KG, RPT = Sh::RPT, RED = Sh::RED;
+  constexpr int VE = Sh::VE, LV = Sh::LV, VT = Sh::VT, NT = Sh::kThreads;
+  constexpr int KGW = Sh::KGW, KG = Sh::KG, RPT = Sh::RPT;
 
   extern __shared__ float4 smem4[];
   float* s_red = reinterpret_cast<float*>(smem4);
@@ -142,59 +208,15 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
           sq[c] = fmaf(st[i][c], qv[i], sq[c]);
         }
       }
-#pragma unroll
-      for (int off = LV; off < 32; off <<= 1) {
-#pragma unroll
-        for (int c = 0; c < VE; ++c) {
-          sk[c] += __shfl_xor_sync(0xffffffffu, sk[c], off);
-          sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], off);
-        }
-      }
-      float* red = s_red + buf * (NW * LV * RED);
-      if (kgw == 0) {
-        float4* dst = reinterpret_cast<float4*>(red + (warp * LV + vl) * RED);
-#pragma unroll
-        for (int c = 0; c < VE; c += 4) {
-          dst[c / 4] = make_float4(sk[c], sk[c + 1], sk[c + 2], sk[c + 3]);
-          dst[(VE + c) / 4] = make_float4(sq[c], sq[c + 1], sq[c + 2], sq[c + 3]);
-        }
-      }
-      __syncthreads();
-#pragma unroll
-      for (int c = 0; c < VE; ++c) sk[c] = sq[c] = 0.f;
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        const float4* src = reinterpret_cast<const float4*>(red + (w * LV + vl) * RED);
-#pragma unroll
-        for (int c = 0; c < VE; c += 4) {
-          const float4 a = src[c / 4];
-          const float4 b = src[(VE + c) / 4];
-          sk[c] += a.x, sk[c + 1] += a.y, sk[c + 2] += a.z, sk[c + 3] += a.w;
-          sq[c] += b.x, sq[c + 1] += b.y, sq[c + 2] += b.z, sq[c + 3] += b.w;
-        }
-      }
-
-      const float4 sc = reinterpret_cast<const float4*>(sm.tok + t * kTokScalars)[0];
-      const float rqs = sc.x, rk = sc.y, kq = sc.z, g = sc.w;
-      const float beta = sm.tok[t * kTokScalars + 4];
-      float o[VE], dk[VE];
-#pragma unroll
-      for (int c = 0; c < VE; ++c) {
-        const float v = sm.v[t * VT + vl * VE + c];
-        const float delta = beta * (v - g * (sk[c] * rk));
-        o[c] = g * (sq[c] * rqs) + delta * kq;
-        dk[c] = delta * rk;
-      }
+      kv_reduce<Sh>(s_red, buf, warp, vl, kgw, sk, sq);
+      float o[VE], dk[VE], g;
+      kv_delta<VE>(sm, t, sm.v + t * VT + vl * VE, sk, sq, o, dk, g);
 #pragma unroll
       for (int i = 0; i < RPT; ++i) {
 #pragma unroll
         for (int c = 0; c < VE; ++c) st[i][c] = fmaf(g, st[i][c], dk[c] * kv[i]);
       }
-      if (kg == 0 && col_ok) {
-        const int64_t ob = n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + col;
-#pragma unroll
-        for (int c = 0; c < VE; ++c) store_scalar(p.o.data, p.o.dtype, ob + c, o[c]);
-      }
+      if (kg == 0 && col_ok) kv_store_o<VE>(p, n, tt, hv, col, o);
 
       const int64_t wslot = warp_token_write_slot(p, slots, n, tt);
       const bool to_inter = p.inter.data != nullptr;
@@ -214,8 +236,186 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Tile path (16-byte state, T <= kMaxChunk): the block's K x VT state tile (one 128-byte line
+// per row) is copied into shared memory by 16-byte cp.async right after the slot is
+// resolved (q, k, v copies issued before the slot load), so bytes in flight do not depend on
+// registers; 64-thread blocks keep ~10 tiles per SM. Thread (k-group kg, lane column vl)
+// owns rows i*KG + kg of columns [vl*VE, +VE) and only ever touches those elements in shared
+// memory, so tokens need no barrier beyond the reduction's. Per token: pass 1 reads its rows
+// for the partial dots; pass 2 re-reads them, updates, stores to global (cache / pool) and,
+// if another token follows, writes the fp32 state back (in place for fp32; into an fp32
+// work tile for 16-bit states, so the state is never rounded between tokens).
+// ---------------------------------------------------------------------------------------
+constexpr int kKvTileThreads = 64;
+#ifndef GDN_KV_TILE_MIN_BLOCKS
+#define GDN_KV_TILE_MIN_BLOCKS 8
+#endif
+
+// Shared-memory floats of the tile path before the staging area (host and device agree).
+template <typename S, int K>
+__host__ __device__ constexpr int kv_tile_lead_floats(bool work) {
+  using Sh = KvShape<S, K, kKvTileThreads>;
+  return Sh::kRedFloats + K * Sh::VT * static_cast<int>(sizeof(S)) / 4 +
+         (work && sizeof(S) < 4 ? K * Sh::VT : 0);
+}
+
+template <typename S, int VE>
+__device__ __forceinline__ void kv_tile_row(const S* tile_s, const float* work, int off,
+                                            bool from_work, float (&x)[VE]) {
+  if constexpr (sizeof(S) == 4) {
+    load_state_vec<S, true>(tile_s + off, x);
+  } else {
+    if (from_work) {
+#pragma unroll
+      for (int c = 0; c < VE; c += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(work + off + c);
+        x[c] = a.x, x[c + 1] = a.y, x[c + 2] = a.z, x[c + 3] = a.w;
+      }
+    } else {
+      load_state_vec<S, true>(tile_s + off, x);
+    }
+  }
+}
+
+template <typename S, int K>
+__global__ void __launch_bounds__(kKvTileThreads, GDN_KV_TILE_MIN_BLOCKS)
+    decode_kv_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
+  using Sh = KvShape<S, K, kKvTileThreads>;
+  constexpr int VE = Sh::VE, LV = Sh::LV, VT = Sh::VT, NT = Sh::kThreads;
+  constexpr int KGW = Sh::KGW, KG = Sh::KG, RPT = Sh::RPT;
+  static_assert(RPT % 4 == 0);
+  const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
+  const bool work_on = sizeof(S) < 4 && T > 1;
+
+  extern __shared__ float4 smem4[];
+  float* const s_red = reinterpret_cast<float*>(smem4);
+  S* const tile_s = reinterpret_cast<S*>(s_red + Sh::kRedFloats);
+  float* const work = s_red + kv_tile_lead_floats<S, K>(false);  // valid only if work_on
+  const StageSmem sm = carve_smem(s_red, kv_tile_lead_floats<S, K>(work_on), geo, K, VT);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid / 32;
+  const int vl = lane % LV;
+  const int kgw = lane / LV;
+  const int kg = warp * KGW + kgw;
+  int64_t bid = blockIdx.x;
+  const int tile = static_cast<int>(bid % geo.tiles);
+  bid /= geo.tiles;
+  const int64_t hv = bid % p.HV;
+  const int64_t n = bid / p.HV;
+  const int64_t c0 = static_cast<int64_t>(tile) * VT;
+  const int64_t col = c0 + vl * VE;
+  const bool col_ok = col < p.V;
+
+  pdl_wait();
+  pdl_launch_dependents();
+
+  stage_issue<NT>(p, geo, sm, n, 0, T, hv, c0, VT);
+  cp_async_commit();
+
+  const WarpSlots slots = resolve_row_warp(p, n, lane);
+  if (slots.read < 0) {
+    cp_async_wait_all();  // no copy may land in shared memory after the block has exited
+    if (slots.invalid && p.error_count != nullptr && hv == 0 && tile == 0 && tid == 0)
+      atomicAdd(p.error_count, 1);
+    zero_output<NT>(p, n, hv, c0, VT);
+    return;
+  }
+
+  const int64_t ss0 = p.state.s[0], ss1 = p.state.s[1], ss2 = p.state.s[2];
+  S* const state = static_cast<S*>(p.state.data);
+  {
+    const S* src = state + slots.read * ss0 + hv * ss1 + c0;
+    for (int i = tid; i < K * LV; i += NT) {
+      const int r = i / LV, c = i % LV;
+      S* const dst = tile_s + r * VT + c * VE;
+      if (c0 + c * VE < p.V) {
+        cp_async16(dst, src + r * ss2 + c * VE);
+      } else {
+        st_shared_zero16(dst);
+      }
+    }
+    cp_async_commit();
+  }
+
+  stage_gates<NT>(p, sm, n, 0, T, hv);
+  cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
+  __syncthreads();
+  stage_convert<K, NT>(p, geo, sm, T, VT, typename Sh::Pos{});
+  cp_async_wait_group<0>();
+  __syncthreads();
+
+  S* const inter = static_cast<S*>(p.inter.data);
+  for (int t = 0; t < T; ++t) {
+    const bool from_work = t > 0;  // 16-bit states: fp32 copy after the first token
+    const float* qrow = sm.q + t * K + kg * RPT;
+    const float* krow = sm.k + t * K + kg * RPT;
+    float sk[VE], sq[VE];
+#pragma unroll
+    for (int c = 0; c < VE; ++c) sk[c] = sq[c] = 0.f;
+#pragma unroll 4
+    for (int i = 0; i < RPT; i += 4) {
+      float q4[4], k4[4];
+      load_smem_row<4>(qrow + i, q4);
+      load_smem_row<4>(krow + i, k4);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        float x[VE];
+        kv_tile_row<S, VE>(tile_s, work, ((i + u) * KG + kg) * VT + vl * VE, from_work, x);
+#pragma unroll
+        for (int c = 0; c < VE; ++c) {
+          sk[c] = fmaf(x[c], k4[u], sk[c]);
+          sq[c] = fmaf(x[c], q4[u], sq[c]);
+        }
+      }
+    }
+    kv_reduce<Sh>(s_red, t & 1, warp, vl, kgw, sk, sq);
+    float o[VE], dk[VE], g;
+    kv_delta<VE>(sm, t, sm.v + t * VT + vl * VE, sk, sq, o, dk, g);
+    if (kg == 0 && col_ok) kv_store_o<VE>(p, n, t, hv, col, o);
+
+    const int64_t wslot = warp_token_write_slot(p, slots, n, t);
+    const bool to_global = col_ok && (inter != nullptr || wslot >= 0);
+    const bool keep = t + 1 < T;
+    if (!to_global && !keep) continue;
+    const int64_t ib = n * p.inter.s[0] + t * p.inter.s[1] + hv * p.inter.s[2] + col;
+    const int64_t pb = wslot * ss0 + hv * ss1 + col;
+#pragma unroll 4
+    for (int i = 0; i < RPT; i += 4) {
+      float k4[4];
+      load_smem_row<4>(krow + i, k4);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int row = (i + u) * KG + kg;
+        const int off = row * VT + vl * VE;
+        float x[VE];
+        kv_tile_row<S, VE>(tile_s, work, off, from_work, x);
+#pragma unroll
+        for (int c = 0; c < VE; ++c) x[c] = fmaf(g, x[c], dk[c] * k4[u]);
+        if (to_global) {
+          const Packed<S> pk = pack_state_vec<S>(x);
+          if (inter != nullptr) store_state_vec<S, true>(inter + ib + row * p.inter.s[3], pk);
+          if (wslot >= 0) store_state_vec<S, true>(state + pb + row * ss2, pk);
+        }
+        if (keep) {
+          float* const dst = sizeof(S) == 4 ? reinterpret_cast<float*>(tile_s) : work;
+#pragma unroll
+          for (int c = 0; c < VE; c += 4)
+            *reinterpret_cast<float4*>(dst + off + c) = make_float4(x[c], x[c + 1], x[c + 2], x[c + 3]);
+        }
+      }
+    }
+  }
+}
+
 template <typename S, int K>
 cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+  if (lp.tile) {
+    const cudaError_t err = allow_big_smem(decode_kv_tile_kernel<S, K>);
+    return err != cudaSuccess ? err : launch_kernel(decode_kv_tile_kernel<S, K>, p, lp, stream);
+  }
   return lp.vec ? launch_kernel(decode_kv_kernel<S, K, true>, p, lp, stream)
                 : launch_kernel(decode_kv_kernel<S, K, false>, p, lp, stream);
 }

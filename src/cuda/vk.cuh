@@ -53,6 +53,111 @@ struct VkShape {
   };
 };
 
+// ---------------------------------------------------------------------------------------
+// Per-token math and stores, shared by both VK kernels. A thread holds R rows (rows
+// row + r*G of its group, r < R) of its K-slice in st[r][0..16). vrow[r*G] is row r's v.
+// vk_token: dot(S, k) and dot(S, q) of the old state (one xor-shuffle pass over the L lanes
+// of a row), then delta = beta*(v - g*sk); o = g*sq + delta*kq; S = g*S + delta*kh.
+// Every lane of the warp must call both (shuffles).
+// ---------------------------------------------------------------------------------------
+template <int K, int R>
+__device__ __forceinline__ void vk_token(float (&st)[R][16], const StageSmem& sm, int t, int j,
+                                         const float* vrow, float (&o)[R]) {
+  constexpr int E = 16, L = K / E, G = kVkThreads / L;
+  const float4* q4 = reinterpret_cast<const float4*>(sm.q + t * K);
+  const float4* k4 = reinterpret_cast<const float4*>(sm.k + t * K);
+  float kv[E];
+  float sk[R], sk2[R], sq[R], sq2[R];  // two chains each: half the FMA latency
+#pragma unroll
+  for (int r = 0; r < R; ++r) sk[r] = sk2[r] = sq[r] = sq2[r] = 0.f;
+#pragma unroll
+  for (int m4 = 0; m4 < E / 4; ++m4) {
+    const float4 a = q4[m4 * L + j];
+    const float4 b = k4[m4 * L + j];
+    kv[m4 * 4 + 0] = b.x, kv[m4 * 4 + 1] = b.y, kv[m4 * 4 + 2] = b.z, kv[m4 * 4 + 3] = b.w;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float* x = &st[r][m4 * 4];
+      sk[r] = fmaf(x[0], b.x, sk[r]);
+      sq[r] = fmaf(x[0], a.x, sq[r]);
+      sk2[r] = fmaf(x[1], b.y, sk2[r]);
+      sq2[r] = fmaf(x[1], a.y, sq2[r]);
+      sk[r] = fmaf(x[2], b.z, sk[r]);
+      sq[r] = fmaf(x[2], a.z, sq[r]);
+      sk2[r] = fmaf(x[3], b.w, sk2[r]);
+      sq2[r] = fmaf(x[3], a.w, sq2[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    sk[r] += sk2[r];
+    sq[r] += sq2[r];
+  }
+#pragma unroll
+  for (int off = L / 2; off > 0; off >>= 1) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      sk[r] += __shfl_xor_sync(0xffffffffu, sk[r], off);
+      sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], off);
+    }
+  }
+
+  const float4 sc = reinterpret_cast<const float4*>(sm.tok + t * kTokScalars)[0];
+  const float rqs = sc.x, rk = sc.y, kq = sc.z, g = sc.w;
+  const float beta = sm.tok[t * kTokScalars + 4];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float v = vrow[r * G];
+    const float delta = beta * (v - g * (sk[r] * rk));
+    o[r] = g * (sq[r] * rqs) + delta * kq;
+    const float dk = delta * rk;
+#pragma unroll
+    for (int m = 0; m < E; ++m) st[r][m] = fmaf(g, st[r][m], dk * kv[m]);
+  }
+}
+
+// Output, intermediate cache and pool writes of token tt for the thread's R rows
+// (global rows row + r*G), straight from registers.
+template <typename S, int K, int R, bool kVec>
+__device__ __forceinline__ void vk_store_token(const Problem& p, const WarpSlots& slots,
+                                               int64_t n, int64_t hv, int64_t tt, int64_t row,
+                                               int j, const float (&st)[R][16],
+                                               const float (&o)[R]) {
+  constexpr int VE = kVecElems<S>, NV = 16 / VE, L = K / 16, G = kVkThreads / L;
+  // Lane j of the group writes row j's output: R scattered stores spread over R lanes.
+  float my_o = 0.f;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (j == r) my_o = o[r];
+  if (j < R && row + j * G < p.V)
+    store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + row + j * G,
+                 my_o);
+
+  const int64_t wslot = warp_token_write_slot(p, slots, n, tt);
+  S* const inter = static_cast<S*>(p.inter.data);
+  if (inter != nullptr || wslot >= 0) {
+    const int64_t ss2 = p.state.s[2], is3 = p.inter.s[3];
+    S* const pool_row = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] +
+                        row * ss2 + j * VE;
+    S* const inter_row = inter + n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] +
+                         row * is3 + j * VE;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (row + r * G >= p.V) continue;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const Packed<S> pk = pack_state_vec<S>(&st[r][i * VE]);
+        if (inter != nullptr) store_state_vec<S, kVec>(inter_row + r * G * is3 + i * (L * VE), pk);
+        if (wslot >= 0) store_state_vec<S, kVec>(pool_row + r * G * ss2 + i * (L * VE), pk);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// General path: the state rows of a thread live in registers for all tokens; T of any
+// length (chunks of staged tokens), scalar variant for unaligned state or cache.
+// ---------------------------------------------------------------------------------------
 template <typename S, int K, int R, bool kVec>
 __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
     decode_vk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
@@ -87,22 +192,17 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
   int tc = static_cast<int>(p.T < geo.chunk ? p.T : geo.chunk);
   stage_issue<kVkThreads>(p, geo, sm, n, 0, tc, hv, row0, RB);
 
-  // The state loads are the long pole: in flight together with the staging copies. Row
-  // offsets include the lane's column, so every vector address is a row pointer + constant.
-  const int64_t ss0 = p.state.s[0], ss1 = p.state.s[1], ss2 = p.state.s[2];
-  S* const state = static_cast<S*>(p.state.data);
-  int64_t row_off[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) row_off[r] = (row0 + r * G + group) * ss2 + j * VE;
+  // The state loads are the long pole: in flight together with the staging copies.
   float st[R][E];
   {
-    const S* src = state + slots.read * ss0 + hv * ss1;
+    const S* src = static_cast<const S*>(p.state.data) + slots.read * p.state.s[0] +
+                   hv * p.state.s[1] + (row0 + group) * p.state.s[2] + j * VE;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (row0 + r * G + group < p.V) {
 #pragma unroll
         for (int i = 0; i < NV; ++i)
-          load_state_vec<S, kVec>(src + row_off[r] + i * (L * VE), &st[r][i * VE]);
+          load_state_vec<S, kVec>(src + r * G * p.state.s[2] + i * (L * VE), &st[r][i * VE]);
       } else {
 #pragma unroll
         for (int m = 0; m < E; ++m) st[r][m] = 0.f;
@@ -123,88 +223,127 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
     __syncthreads();
 
     for (int t = 0; t < tc; ++t) {
-      const int64_t tt = t0 + t;
-      const float4* q4 = reinterpret_cast<const float4*>(sm.q + t * K);
-      const float4* k4 = reinterpret_cast<const float4*>(sm.k + t * K);
-      float kv[E];
-      float sk[R], sk2[R], sq[R], sq2[R];  // two chains each: half the FMA latency
-#pragma unroll
-      for (int r = 0; r < R; ++r) sk[r] = sk2[r] = sq[r] = sq2[r] = 0.f;
-#pragma unroll
-      for (int m4 = 0; m4 < E / 4; ++m4) {
-        const float4 a = q4[m4 * L + j];
-        const float4 b = k4[m4 * L + j];
-        kv[m4 * 4 + 0] = b.x, kv[m4 * 4 + 1] = b.y, kv[m4 * 4 + 2] = b.z, kv[m4 * 4 + 3] = b.w;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float* x = &st[r][m4 * 4];
-          sk[r] = fmaf(x[0], b.x, sk[r]);
-          sq[r] = fmaf(x[0], a.x, sq[r]);
-          sk2[r] = fmaf(x[1], b.y, sk2[r]);
-          sq2[r] = fmaf(x[1], a.y, sq2[r]);
-          sk[r] = fmaf(x[2], b.z, sk[r]);
-          sq[r] = fmaf(x[2], a.z, sq[r]);
-          sk2[r] = fmaf(x[3], b.w, sk2[r]);
-          sq2[r] = fmaf(x[3], a.w, sq2[r]);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        sk[r] += sk2[r];
-        sq[r] += sq2[r];
-      }
-#pragma unroll
-      for (int off = L / 2; off > 0; off >>= 1) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          sk[r] += __shfl_xor_sync(0xffffffffu, sk[r], off);
-          sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], off);
-        }
-      }
-
-      const float4 sc = reinterpret_cast<const float4*>(sm.tok + t * kTokScalars)[0];
-      const float rqs = sc.x, rk = sc.y, kq = sc.z, g = sc.w;
-      const float beta = sm.tok[t * kTokScalars + 4];
-      float my_o = 0.f;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float v = sm.v[t * RB + r * G + group];
-        const float delta = beta * (v - g * (sk[r] * rk));
-        const float o = g * (sq[r] * rqs) + delta * kq;
-        const float dk = delta * rk;
-#pragma unroll
-        for (int m = 0; m < E; ++m) st[r][m] = fmaf(g, st[r][m], dk * kv[m]);
-        if (j == r) my_o = o;
-      }
-      // Lane j of the group writes row j's output: R scattered stores spread over R lanes.
-      if (j < R && row0 + j * G + group < p.V)
-        store_scalar(p.o.data, p.o.dtype,
-                     n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + row0 + j * G + group, my_o);
-
-      const int64_t wslot = warp_token_write_slot(p, slots, n, tt);
-      S* const inter = static_cast<S*>(p.inter.data);
-      if (inter != nullptr || wslot >= 0) {
-        S* const pool_head = state + wslot * ss0 + hv * ss1;
-        S* const inter_head = inter + n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] +
-                              (row0 + group) * p.inter.s[3] + j * VE;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if (row0 + r * G + group >= p.V) continue;
-#pragma unroll
-          for (int i = 0; i < NV; ++i) {
-            const Packed<S> pk = pack_state_vec<S>(&st[r][i * VE]);
-            if (inter != nullptr)
-              store_state_vec<S, kVec>(inter_head + r * G * p.inter.s[3] + i * (L * VE), pk);
-            if (wslot >= 0) store_state_vec<S, kVec>(pool_head + row_off[r] + i * (L * VE), pk);
-          }
-        }
-      }
+      float o[R];
+      vk_token<K, R>(st, sm, t, j, sm.v + t * RB + group, o);
+      vk_store_token<S, K, R, kVec>(p, slots, n, hv, t0 + t, row0 + group, j, st, o);
     }
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Tile path (16-byte state, T <= kMaxChunk): bytes in flight decoupled from registers.
+// A block owns geo.tile_rows state rows of one (n, hv). After pdl_wait it issues the
+// cp.async copies of q, k, v (they do not depend on the slot), resolves the slot, then
+// copies its whole state tile into shared memory with 16-byte cp.async (coalesced: the
+// threads walk each row's 16-byte pieces in order), so the tile is in flight at once with
+// few registers; the gates and the q/k norms are computed while it lands. Then each thread
+// walks its rows RR at a time: rows from shared memory into registers (same K-slice mapping
+// as the general path, conflict-free 16-byte reads), all T tokens, stores from registers.
+// ---------------------------------------------------------------------------------------
+// Resident blocks per SM the register cap must allow (128 registers per thread; 5 spills
+// 12 bytes at fp32 K=128): 4 blocks x 32 KB tiles = 128 KB of state in flight per SM.
+#ifndef GDN_VK_TILE_MIN_BLOCKS_RR1
+#define GDN_VK_TILE_MIN_BLOCKS_RR1 4
+#endif
+#ifndef GDN_VK_TILE_MIN_BLOCKS_RR2
+#define GDN_VK_TILE_MIN_BLOCKS_RR2 4
+#endif
+
+template <typename S, int K, int RR>
+__global__ void __launch_bounds__(kVkThreads, RR == 1 ? GDN_VK_TILE_MIN_BLOCKS_RR1
+                                                      : GDN_VK_TILE_MIN_BLOCKS_RR2)
+    decode_vk_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
+  using Sh = VkShape<S, K, 1>;
+  constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G;
+  constexpr int PR = K / VE;  // 16-byte pieces per state row
+  const int RT = geo.tile_rows;
+
+  extern __shared__ float4 smem4[];
+  S* const tile_s = reinterpret_cast<S*>(smem4);
+  const StageSmem sm = carve_smem(reinterpret_cast<float*>(smem4),
+                                  RT * K * static_cast<int>(sizeof(S)) / 4, geo, K, RT);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int group = tid / L;
+  const int j = tid % L;
+  int64_t bid = blockIdx.x;
+  const int tile = static_cast<int>(bid % geo.tiles);
+  bid /= geo.tiles;
+  const int64_t hv = bid % p.HV;
+  const int64_t n = bid / p.HV;
+  const int64_t row0 = static_cast<int64_t>(tile) * RT;
+  const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
+
+  pdl_wait();
+  pdl_launch_dependents();
+
+  // Inputs first: they do not depend on the slot, so their latency overlaps the slot load.
+  stage_issue<kVkThreads>(p, geo, sm, n, 0, T, hv, row0, RT);
+  cp_async_commit();
+
+  const WarpSlots slots = resolve_row_warp(p, n, lane);
+  if (slots.read < 0) {
+    cp_async_wait_all();  // no copy may land in shared memory after the block has exited
+    if (slots.invalid && p.error_count != nullptr && hv == 0 && tile == 0 && tid == 0)
+      atomicAdd(p.error_count, 1);
+    zero_output<kVkThreads>(p, n, hv, row0, RT);
+    return;
+  }
+
+  {
+    const S* src = static_cast<const S*>(p.state.data) + slots.read * p.state.s[0] +
+                   hv * p.state.s[1] + row0 * p.state.s[2];
+    const int64_t ss2 = p.state.s[2];
+    for (int i = tid; i < RT * PR; i += kVkThreads) {
+      const int r = i / PR, c = i % PR;
+      S* const dst = tile_s + r * K + c * VE;
+      if (row0 + r < p.V) {
+        cp_async16(dst, src + r * ss2 + c * VE);
+      } else {
+        st_shared_zero16(dst);
+      }
+    }
+    cp_async_commit();
+  }
+
+  stage_gates<kVkThreads>(p, sm, n, 0, T, hv);
+  cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
+  __syncthreads();
+  stage_convert<K, kVkThreads>(p, geo, sm, T, RT, typename Sh::Pos{});
+  cp_async_wait_group<0>();
+  __syncthreads();  // converted inputs and the state tile visible to every thread
+
+  for (int i = 0; i < RT / G; i += RR) {  // RT is a multiple of G * RR
+    const int lr = i * G + group;        // local row of r = 0
+    float st[RR][E];
+#pragma unroll
+    for (int r = 0; r < RR; ++r) {
+#pragma unroll
+      for (int v = 0; v < NV; ++v)
+        load_state_vec<S, true>(tile_s + (lr + r * G) * K + (v * L + j) * VE, &st[r][v * VE]);
+    }
+    for (int t = 0; t < T; ++t) {
+      float o[RR];
+      vk_token<K, RR>(st, sm, t, j, sm.v + t * RT + lr, o);
+      vk_store_token<S, K, RR, true>(p, slots, n, hv, t, row0 + lr, j, st, o);
+    }
+  }
+}
+
+template <typename Kernel>
+cudaError_t launch_tile_kernel(Kernel kernel, const Problem& p, const LaunchPlan& lp,
+                               cudaStream_t stream) {
+  const cudaError_t err = allow_big_smem(kernel);
+  return err != cudaSuccess ? err : launch_kernel(kernel, p, lp, stream);
+}
+
 template <typename S, int K>
 cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+  if (lp.tile)
+    return lp.rows_per_thread == 2
+               ? launch_tile_kernel(decode_vk_tile_kernel<S, K, 2>, p, lp, stream)
+               : launch_tile_kernel(decode_vk_tile_kernel<S, K, 1>, p, lp, stream);
   if (!lp.vec) return launch_kernel(decode_vk_kernel<S, K, 1, false>, p, lp, stream);
   switch (lp.rows_per_thread) {
     case 4:
