@@ -46,6 +46,8 @@ def main():
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--calls", type=int, default=200, help="calls per burst (keep below the launch queue depth)")
     p.add_argument("--bursts", type=int, default=50)
+    p.add_argument("--json", help="also write the figures as JSON (device, commit, date, rows) to this path")
+    p.add_argument("--commit", default=os.environ.get("COMMIT", "unknown"), help="commit under test, for the JSON")
     p.add_argument("--binding", choices=["auto", "generic"], default="auto",
                    help="generic: force gdn._C (torch tensors read through Python attributes)")
     args = p.parse_args()
@@ -103,6 +105,15 @@ def main():
     main_us = results[rows[0][0]]
     verdict = "PASS" if main_us <= 10.0 else "FAIL"
     print(f"gdn.decode host overhead: {main_us:.2f} us per call (target <= 10 us): {verdict}")
+    if args.json:
+        import datetime
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "commit": args.commit,
+                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "torch": torch.__version__, "binding": args.binding, "shape": dict(B=B, T=T, H=H, HV=HV, K=K, V=V),
+                       "rows": [{"what": name, "us_per_call": us} for name, us in results.items()]}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ if has python; then
   python3 -m pip install . --no-build-isolation --no-deps -q -C build-dir=build-gpu-py > "$OUT/python.log" 2>&1 &&
     python3 -m pytest python/tests -q >> "$OUT/python.log" 2>&1
   rc=$?; note "python rc=$rc ($((SECONDS - t0)) s): $(tail -1 "$OUT/python.log")"
-  [ -f python/bench_overhead.py ] && python3 python/bench_overhead.py 2>&1 | tail -5 | tee -a "$OUT/python.log"
+  python3 python/bench_overhead.py --json "$OUT/overhead.json" 2>&1 | tail -6 | tee -a "$OUT/python.log"
 fi
 if has quickbench; then
   ./$B/gdn bench --quick --json "$OUT/bench-quick.json" > "$OUT/bench-quick.log" 2>&1
