@@ -163,6 +163,44 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Before pdl_wait(): start pulling this block's state rows from HBM into L2 while the previous
+// kernel in the stream is still running (PDL lets this grid become resident early). A prefetch
+// is only a hint and L2 is the GPU's point of coherence, so the loads after pdl_wait() still
+// see every write of the previous kernel. The slot is read with ld.global.cg (no L1 line, so
+// the post-wait read cannot be served stale); a stale or out-of-range slot only wastes the
+// prefetch. Rows [first_row, first_row + nrows) of head hv, `row_bytes` from column col0; the
+// caller guarantees 16-byte alignment (the vector path). GDN_CUDA_PREFETCH=0 disables it.
+__device__ __forceinline__ int64_t ldcg_index(const Ptr& x, int64_t off) {
+  return x.dtype == DType::kI64 ? static_cast<int64_t>(__ldcg(static_cast<const long long*>(x.data) + off))
+                                : static_cast<int64_t>(__ldcg(static_cast<const int*>(x.data) + off));
+}
+
+__device__ __forceinline__ void prefetch_state_l2(const Problem& p, int64_t n, int64_t hv, int64_t first_row,
+                                                  int nrows, int64_t col0, int row_bytes, int tid, int nthreads) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (tid >= nrows) return;
+  int64_t slot;
+  if (p.num_accepted.data != nullptr) {
+    const int64_t acc = ldcg_index(p.num_accepted, n * p.num_accepted.s[0]);
+    if (acc < 1 || acc > p.T) return;
+    slot = ldcg_index(p.token_slots, n * p.token_slots.s[0] + (acc - 1) * p.token_slots.s[1]);
+  } else if (p.read_slots.data != nullptr) {
+    slot = ldcg_index(p.read_slots, n * p.read_slots.s[0]);
+  } else if (p.token_slots.data != nullptr) {
+    slot = ldcg_index(p.token_slots, n * p.token_slots.s[0]);
+  } else {
+    slot = n;
+  }
+  if (slot < 0 || slot >= p.P) return;
+  const int es = p.state.dtype == DType::kF32 ? 4 : 2;
+  const char* head = static_cast<const char*>(p.state.data) +
+                     (slot * p.state.s[0] + hv * p.state.s[1] + first_row * p.state.s[2] + col0) * es;
+  for (int r = tid; r < nrows; r += nthreads)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(head + r * p.state.s[2] * es), "r"(row_bytes)
+                 : "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------
 // Slot resolution, warp-cooperative: the same result as resolve_row (problem.h), but all
 // index loads are issued at once (lane t loads token_slots[n, t]), so per-token mode and
@@ -281,6 +319,7 @@ struct Geometry {
   int chunk = 1;        // tokens staged at once
   int raw_bytes = 0;    // bytes of the raw staging area (16-byte multiple)
   bool qkv_vec = true;  // q, k, v views allow 16-byte cp.async
+  bool prefetch = true; // tile kernels: L2-prefetch the state before pdl_wait (GDN_CUDA_PREFETCH)
 };
 
 struct StageSmem {

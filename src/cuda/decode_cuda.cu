@@ -43,6 +43,10 @@ bool pdl_enabled() {
   static const bool v = env_int("GDN_CUDA_PDL", 1) != 0;
   return v;
 }
+bool prefetch_enabled() {
+  static const bool v = env_int("GDN_CUDA_PREFETCH", 1) != 0;
+  return v;
+}
 // Shared-memory tile paths (T <= 16, 16-byte state):
 //   GDN_CUDA_TILE=0           off: the register-resident general kernels everywhere;
 //   GDN_CUDA_VK_TILE=<rows>   VK state rows per block (power of two; default: 32 KB of state);
@@ -249,6 +253,10 @@ cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
   if (!tiled) plan = p.layout_kv ? plan_kv<S>(p, vec) : plan_vk(p, vec);
   plan.geo.qkv_vec = qkv_vec_ok(p);
   plan.pdl = pdl_enabled();
+  // Pre-wait prefetching pays only where this grid can become resident while the previous
+  // kernel runs, i.e. one wave of small blocks; at large B it only adds instructions (measured:
+  // -1 us at B=1, +1..4% at B >= 64; docs/performance.md).
+  plan.geo.prefetch = prefetch_enabled() && plan.blocks <= 4 * static_cast<int64_t>(sm_count());
   return p.layout_kv ? launch_kv<S>(p, plan, stream) : launch_vk<S>(p, plan, stream);
 }
 

@@ -275,6 +275,10 @@ __global__ void __launch_bounds__(kVkThreads, RR == 1 ? GDN_VK_TILE_MIN_BLOCKS_R
   const int64_t row0 = static_cast<int64_t>(tile) * RT;
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
 
+  if (geo.prefetch) {
+    const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
+    prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
+  }
   pdl_wait();
   pdl_launch_dependents();
 
