@@ -201,6 +201,25 @@ __device__ __forceinline__ void prefetch_state_l2(const Problem& p, int64_t n, i
 #endif
 }
 
+// Which (row n, value head hv, tile) a block owns. The block index fits 32 bits (a 1-D grid),
+// so the divisions are 32-bit instead of the long 64-bit division routine, which sat on the
+// critical path of every block at small B.
+struct BlockCoords {
+  int64_t n, hv;
+  int tile;
+};
+
+template <typename Geo>
+__device__ __forceinline__ BlockCoords block_coords(const Problem& p, const Geo& geo) {
+  const uint32_t b = blockIdx.x, tiles = static_cast<uint32_t>(geo.tiles), HV = static_cast<uint32_t>(p.HV);
+  const uint32_t bh = b / tiles;
+  BlockCoords c;
+  c.tile = static_cast<int>(b - bh * tiles);
+  c.n = bh / HV;
+  c.hv = bh - static_cast<uint32_t>(c.n) * HV;
+  return c;
+}
+
 // ---------------------------------------------------------------------------------------
 // Slot resolution, warp-cooperative: the same result as resolve_row (problem.h), but all
 // index loads are issued at once (lane t loads token_slots[n, t]), so per-token mode and

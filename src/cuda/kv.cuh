@@ -139,11 +139,9 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
   const int vl = lane % LV;
   const int kgw = lane / LV;
   const int kg = warp * KGW + kgw;
-  int64_t bid = blockIdx.x;
-  const int tile = static_cast<int>(bid % geo.tiles);
-  bid /= geo.tiles;
-  const int64_t hv = bid % p.HV;
-  const int64_t n = bid / p.HV;
+  const BlockCoords bc = block_coords(p, geo);
+  const int tile = bc.tile;
+  const int64_t hv = bc.hv, n = bc.n;
   const int64_t c0 = static_cast<int64_t>(tile) * VT;
   const int64_t col = c0 + vl * VE;  // this lane's first column
   const bool col_ok = col < p.V;     // V is a multiple of VE, so the whole vector is in range
@@ -300,11 +298,9 @@ __global__ void __launch_bounds__(kKvTileThreads, GDN_KV_TILE_MIN_BLOCKS)
   const int vl = lane % LV;
   const int kgw = lane / LV;
   const int kg = warp * KGW + kgw;
-  int64_t bid = blockIdx.x;
-  const int tile = static_cast<int>(bid % geo.tiles);
-  bid /= geo.tiles;
-  const int64_t hv = bid % p.HV;
-  const int64_t n = bid / p.HV;
+  const BlockCoords bc = block_coords(p, geo);
+  const int tile = bc.tile;
+  const int64_t hv = bc.hv, n = bc.n;
   const int64_t c0 = static_cast<int64_t>(tile) * VT;
   const int64_t col = c0 + vl * VE;
   const bool col_ok = col < p.V;

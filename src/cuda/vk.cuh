@@ -171,11 +171,9 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
   const int lane = tid & 31;
   const int group = tid / L;
   const int j = tid % L;
-  int64_t bid = blockIdx.x;
-  const int tile = static_cast<int>(bid % geo.tiles);
-  bid /= geo.tiles;
-  const int64_t hv = bid % p.HV;
-  const int64_t n = bid / p.HV;
+  const BlockCoords bc = block_coords(p, geo);
+  const int tile = bc.tile;
+  const int64_t hv = bc.hv, n = bc.n;
   const int64_t row0 = static_cast<int64_t>(tile) * RB;
 
   pdl_wait();
@@ -267,11 +265,9 @@ __global__ void __launch_bounds__(kVkThreads, RR == 1 ? GDN_VK_TILE_MIN_BLOCKS_R
   const int lane = tid & 31;
   const int group = tid / L;
   const int j = tid % L;
-  int64_t bid = blockIdx.x;
-  const int tile = static_cast<int>(bid % geo.tiles);
-  bid /= geo.tiles;
-  const int64_t hv = bid % p.HV;
-  const int64_t n = bid / p.HV;
+  const BlockCoords bc = block_coords(p, geo);
+  const int tile = bc.tile;
+  const int64_t hv = bc.hv, n = bc.n;
   const int64_t row0 = static_cast<int64_t>(tile) * RT;
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
 
