@@ -495,6 +495,25 @@ TEST_P(Decode, Qwen3NextVerifyShape) {
   run_and_compare(backend(), make_case(cfg, seed));
 }
 
+// Several kernels (layouts, state dtypes, T) in one process, in an order where a later one
+// needs more shared memory than the first: ctest runs each test in its own process, so a
+// per-process launch setting shared between kernels by mistake (as the large-shared-memory
+// opt-in once was) only shows up when one test launches several.
+TEST_P(Decode, ManyKernelsInOneProcess) {
+  GDN_SEED();
+  const struct { StateLayout layout; DLDataType state; int64_t T; } runs[] = {
+      {StateLayout::kVK, kFloat32, 1}, {StateLayout::kKV, kBFloat16, 1}, {StateLayout::kKV, kBFloat16, 4},
+      {StateLayout::kKV, kFloat16, 4}, {StateLayout::kVK, kBFloat16, 8}, {StateLayout::kKV, kFloat32, 16}};
+  uint64_t s = seed;
+  for (const auto& r : runs) {
+    Config cfg = base(Addressing::kPool, 3, r.T);
+    cfg.K = cfg.V = 128;
+    cfg.layout = r.layout;
+    cfg.state_dtype = r.state;
+    run_and_compare(backend(), make_case(cfg, ++s));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, Decode, ::testing::Values(Backend::kCpu),
                          [](const auto&) { return std::string("cpu"); });
 #if defined(GDN_WITH_CUDA)

@@ -381,10 +381,12 @@ __device__ __forceinline__ void st_shared_zero16(void* smem) {
   *reinterpret_cast<uint4*>(smem) = make_uint4(0u, 0u, 0u, 0u);
 }
 
-// One-time opt-in to more than 48 KB of dynamic shared memory for a kernel on the current
-// device (the per-device maximum), cached per kernel instantiation: never once per call.
-template <typename Kernel>
-cudaError_t allow_big_smem(Kernel kernel) {
+// One-time opt-in to more than 48 KB of dynamic shared memory for kernel kKernel on the
+// current device (the per-device maximum), never once per call. The cache is a static of this
+// instantiation, i.e. one per kernel: keyed by the kernel's type instead, every kernel of one
+// signature shared it and only the first kernel launched in a process got the opt-in.
+template <auto kKernel>
+cudaError_t allow_big_smem() {
   static std::atomic<int> done[64];
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -393,7 +395,7 @@ cudaError_t allow_big_smem(Kernel kernel) {
   int optin = 0;
   err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+    err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
   if (err == cudaSuccess) done[dev].store(1, std::memory_order_release);
   return err;
 }
@@ -569,6 +571,14 @@ cudaError_t launch_kernel(Kernel kernel, const Problem& p, const LaunchPlan& lp,
   cfg.attrs = attr;
   cfg.numAttrs = lp.pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, p, lp.geo);
+}
+
+// Tile kernels stage the state in more than 48 KB of dynamic shared memory: opt in (once per
+// kernel and device), then launch.
+template <auto kKernel>
+cudaError_t launch_tile_kernel(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+  const cudaError_t err = allow_big_smem<kKernel>();
+  return err != cudaSuccess ? err : launch_kernel(kKernel, p, lp, stream);
 }
 
 }  // namespace gdn::detail::cuda

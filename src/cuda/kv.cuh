@@ -409,10 +409,7 @@ __global__ void __launch_bounds__(kKvTileThreads, GDN_KV_TILE_MIN_BLOCKS)
 
 template <typename S, int K>
 cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
-  if (lp.tile) {
-    const cudaError_t err = allow_big_smem(decode_kv_tile_kernel<S, K>);
-    return err != cudaSuccess ? err : launch_kernel(decode_kv_tile_kernel<S, K>, p, lp, stream);
-  }
+  if (lp.tile) return launch_tile_kernel<decode_kv_tile_kernel<S, K>>(p, lp, stream);
   return lp.vec ? launch_kernel(decode_kv_kernel<S, K, true>, p, lp, stream)
                 : launch_kernel(decode_kv_kernel<S, K, false>, p, lp, stream);
 }

@@ -331,19 +331,12 @@ __global__ void __launch_bounds__(kVkThreads, RR == 1 ? GDN_VK_TILE_MIN_BLOCKS_R
   }
 }
 
-template <typename Kernel>
-cudaError_t launch_tile_kernel(Kernel kernel, const Problem& p, const LaunchPlan& lp,
-                               cudaStream_t stream) {
-  const cudaError_t err = allow_big_smem(kernel);
-  return err != cudaSuccess ? err : launch_kernel(kernel, p, lp, stream);
-}
-
 template <typename S, int K>
 cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   if (lp.tile)
     return lp.rows_per_thread == 2
-               ? launch_tile_kernel(decode_vk_tile_kernel<S, K, 2>, p, lp, stream)
-               : launch_tile_kernel(decode_vk_tile_kernel<S, K, 1>, p, lp, stream);
+               ? launch_tile_kernel<decode_vk_tile_kernel<S, K, 2>>(p, lp, stream)
+               : launch_tile_kernel<decode_vk_tile_kernel<S, K, 1>>(p, lp, stream);
   if (!lp.vec) return launch_kernel(decode_vk_kernel<S, K, 1, false>, p, lp, stream);
   switch (lp.rows_per_thread) {
     case 4:
