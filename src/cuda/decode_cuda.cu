@@ -51,7 +51,8 @@ bool prefetch_enabled() {
 //   GDN_CUDA_TILE=0           off: the register-resident general kernels everywhere;
 //   GDN_CUDA_VK_TILE=<rows>   VK state rows per block (power of two; default: 32 KB of state);
 //   GDN_CUDA_VK_TILE_BYTES=<bytes>  the default's per-block state bytes (32768);
-//   GDN_CUDA_VK_RR=1|2        VK rows in registers at once (default 1 at T = 1, else 2);
+//   GDN_CUDA_VK_RR=1|2|4      VK rows in registers at once (default 1 at T = 1, else 2;
+//                             halved while the tile rows are not a multiple of G * RR);
 //   GDN_CUDA_TILE_BPS=<n>     small grids: VK tiles shrink until the grid has n blocks per SM
 //                             (default 4).
 bool tile_enabled() {
@@ -186,9 +187,13 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
     rt /= 2;
   }
   // Two rows in registers at once halve the per-row q/k reads: worth it when tokens repeat.
+  // Four (GDN_CUDA_VK_RR=4, opt-in until measured) overlap four rows' per-token reduction
+  // chains. The tile rows must be a multiple of G * rr (rt is a power of two >= G): halve
+  // rr until they are, so small-grid tiles fall back to 2 or 1.
   int rr = p.T > 1 ? 2 : 1;
-  if (vk_rr_override() == 1 || vk_rr_override() == 2) rr = vk_rr_override();
-  if (rt % (2 * G) != 0) rr = 1;
+  const int rro = vk_rr_override();
+  if (rro == 1 || rro == 2 || rro == 4) rr = rro;
+  while (rr > 1 && (rt % (rr * G) != 0 || rr > L)) rr /= 2;
   lp.tile = true;
   lp.rows_per_thread = rr;
   lp.threads = kVkThreads;

@@ -134,24 +134,27 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, const WarpSlots
                  my_o);
 
   const int64_t wslot = warp_token_write_slot(p, slots, n, tt);
-  S* const inter = static_cast<S*>(p.inter.data);
-  if (inter != nullptr || wslot >= 0) {
-    const int64_t ss2 = p.state.s[2], is3 = p.inter.s[3];
-    S* const pool_row = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] +
-                        row * ss2 + j * VE;
-    S* const inter_row = inter + n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] +
-                         row * is3 + j * VE;
+  // One destination at a time (cache, then pool): one base pointer live next to the R rows
+  // (both at once spilled at R = 4, fp32, 128 registers).
+  const auto store_rows = [&](S* base, int64_t rs) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (row + r * G >= p.V) continue;
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const Packed<S> pk = pack_state_vec<S>(&st[r][i * VE]);
-        if (inter != nullptr) store_state_vec<S, kVec>(inter_row + r * G * is3 + i * (L * VE), pk);
-        if (wslot >= 0) store_state_vec<S, kVec>(pool_row + r * G * ss2 + i * (L * VE), pk);
-      }
+      for (int i = 0; i < NV; ++i)
+        store_state_vec<S, kVec>(base + r * G * rs + i * (L * VE),
+                                 pack_state_vec<S>(&st[r][i * VE]));
     }
-  }
+  };
+  S* const inter = static_cast<S*>(p.inter.data);
+  if (inter != nullptr)
+    store_rows(inter + n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] +
+                   row * p.inter.s[3] + j * VE,
+               p.inter.s[3]);
+  if (wslot >= 0)
+    store_rows(static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] +
+                   row * p.state.s[2] + j * VE,
+               p.state.s[2]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -246,11 +249,21 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
 #ifndef GDN_VK_TILE_MIN_BLOCKS_RR2
 #define GDN_VK_TILE_MIN_BLOCKS_RR2 4
 #endif
+// RR = 4: four rows' reduction chains overlap per token (ILP for T > 1 without the cache),
+// at the same 4 blocks/SM (128-register cap).
+#ifndef GDN_VK_TILE_MIN_BLOCKS_RR4
+#define GDN_VK_TILE_MIN_BLOCKS_RR4 4
+#endif
+template <int RR>
+constexpr int kVkTileMinBlocks = RR == 1   ? GDN_VK_TILE_MIN_BLOCKS_RR1
+                                 : RR == 2 ? GDN_VK_TILE_MIN_BLOCKS_RR2
+                                           : GDN_VK_TILE_MIN_BLOCKS_RR4;
 
 template <typename S, int K, int RR>
-__global__ void __launch_bounds__(kVkThreads, RR == 1 ? GDN_VK_TILE_MIN_BLOCKS_RR1
-                                                      : GDN_VK_TILE_MIN_BLOCKS_RR2)
+__global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     decode_vk_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
+  static_assert(RR == 1 || RR == 2 || RR == 4);
+  static_assert(RR <= K / 16, "vk_store_token: lane j < RR writes row j's output");
   using Sh = VkShape<S, K, 1>;
   constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G;
   constexpr int PR = K / VE;  // 16-byte pieces per state row
@@ -333,10 +346,16 @@ __global__ void __launch_bounds__(kVkThreads, RR == 1 ? GDN_VK_TILE_MIN_BLOCKS_R
 
 template <typename S, int K>
 cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
-  if (lp.tile)
-    return lp.rows_per_thread == 2
-               ? launch_tile_kernel<decode_vk_tile_kernel<S, K, 2>>(p, lp, stream)
-               : launch_tile_kernel<decode_vk_tile_kernel<S, K, 1>>(p, lp, stream);
+  if (lp.tile) {
+    switch (lp.rows_per_thread) {
+      case 4:
+        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 4>>(p, lp, stream);
+      case 2:
+        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2>>(p, lp, stream);
+      default:
+        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1>>(p, lp, stream);
+    }
+  }
   if (!lp.vec) return launch_kernel(decode_vk_kernel<S, K, 1, false>, p, lp, stream);
   switch (lp.rows_per_thread) {
     case 4:
