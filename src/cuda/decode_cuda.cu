@@ -186,11 +186,12 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
     if (rt == G) return false;
     rt /= 2;
   }
-  // Two rows in registers at once halve the per-row q/k reads: worth it when tokens repeat.
-  // Four (GDN_CUDA_VK_RR=4, opt-in until measured) overlap four rows' per-token reduction
-  // chains. The tile rows must be a multiple of G * rr (rt is a power of two >= G): halve
-  // rr until they are, so small-grid tiles fall back to 2 or 1.
-  int rr = p.T > 1 ? 2 : 1;
+  // Rows in registers at once (GDN_CUDA_VK_RR overrides). T > 1: four, which share the q/k
+  // reads and overlap four rows' per-token reduction chains (measured against two: +1..+5
+  // points of the floor without the cache, equal with it); T = 1: one (shortest prologue).
+  // The tile rows must be a multiple of G * rr (rt is a power of two >= G): halve rr until
+  // they are, so small-grid tiles fall back to 2 or 1.
+  int rr = p.T > 1 ? 4 : 1;
   const int rro = vk_rr_override();
   if (rro == 1 || rro == 2 || rro == 4) rr = rro;
   while (rr > 1 && (rt % (rr * G) != 0 || rr > L)) rr /= 2;
