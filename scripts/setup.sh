@@ -7,7 +7,7 @@
 set -euo pipefail
 DEBS=(libdlpack-dev libcli11-dev nlohmann-json3-dev)
 BUILD_DEBS=(cmake ninja-build g++ libgtest-dev python3-pip)
-PIP=(nanobind scikit-build-core numpy pytest)
+PIP=(nanobind scikit-build-core numpy pytest ml_dtypes)  # ml_dtypes: bf16 arrays for the numpy tests
 
 case "${1:-}" in
   --download)
