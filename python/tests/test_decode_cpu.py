@@ -24,15 +24,22 @@ F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 DTYPES = [F32, F16] + ([BF16] if BF16 is not None else [])
 
 
+def call_args(rng, B, T, H, HV, K, V, P, layout, dtype, state_dtype, o_dtype=None, form="raw",
+              gate_dtype=F32):
+    """Random inputs, gates and a P-slot state of one call, with a NaN-poisoned output."""
+    args = qkv(rng, B, T, H, HV, K, V, dtype)
+    args.update(gates(rng, B, T, HV, form, gate_dtype))
+    args["state"] = pool(rng, P, HV, K, V, layout, state_dtype)
+    args["o"] = poisoned((B, T, HV, V), o_dtype or dtype)
+    args["layout"] = layout
+    return args
+
+
 def dense_case(seed, B=3, T=1, H=2, HV=4, K=64, V=64, layout="VK", dtype=F32, state_dtype=F32,
                o_dtype=None, form="raw"):
     def build():
         rng = np.random.default_rng(seed)
-        args = qkv(rng, B, T, H, HV, K, V, dtype)
-        args.update(gates(rng, B, T, HV, form, dtype))
-        args["state"] = pool(rng, B, HV, K, V, layout, state_dtype)
-        args["o"] = poisoned((B, T, HV, V), o_dtype or dtype)
-        args["layout"] = layout
+        args = call_args(rng, B, T, H, HV, K, V, B, layout, dtype, state_dtype, o_dtype, form, dtype)
         return args, {"o": args["o"], "state": args["state"]}
 
     return build
@@ -159,11 +166,7 @@ def pool_case(seed, read, write=None, P=9, T=1, layout="VK", dtype=F32, state_dt
 
     def build():
         rng = np.random.default_rng(seed)
-        args = qkv(rng, B, T, H, HV, K, V, dtype)
-        args.update(gates(rng, B, T, HV))
-        args["state"] = pool(rng, P, HV, K, V, layout, state_dtype)
-        args["o"] = poisoned((B, T, HV, V), dtype)
-        args["layout"] = layout
+        args = call_args(rng, B, T, H, HV, K, V, P, layout, dtype, state_dtype)
         args["read_slots"] = np.array(read, dtype=idx_dtype)
         if write is not None:
             args["write_slots"] = np.array(write, dtype=idx_dtype)
@@ -291,11 +294,7 @@ def mtp_case(seed, B=3, T=4, P=20, token_slots=True, read=None, num_accepted=Non
 
     def build():
         rng = np.random.default_rng(seed)
-        args = qkv(rng, B, T, H, HV, K, V, dtype)
-        args.update(gates(rng, B, T, HV))
-        args["state"] = pool(rng, P, HV, K, V, layout, state_dtype)
-        args["o"] = poisoned((B, T, HV, V), dtype)
-        args["layout"] = layout
+        args = call_args(rng, B, T, H, HV, K, V, P, layout, dtype, state_dtype)
         seen = {"o": args["o"], "state": args["state"]}
         if token_slots:
             args["token_slots"] = (1 + np.arange(B * T, dtype=np.int32)).reshape(B, T)
