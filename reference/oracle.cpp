@@ -94,8 +94,7 @@ Row resolve(const DecodeArgs& a, int64_t n, int64_t T, int64_t P) {
   }
   row.valid = true;
   row.read = read;
-  if (a.update_state)
-    for (int64_t t = 0; t < T; ++t) row.write[t] = w[t] < 0 ? -1 : w[t];
+  if (a.update_state) row.write = w;  // negative entries: not stored
   return row;
 }
 

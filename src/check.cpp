@@ -1,9 +1,7 @@
 // Host-side validation (docs/semantics.md section 4): every argument is checked before any
 // backend touches memory, and the validated call is flattened into a detail::Problem.
 // can_implement and decode share this one function, so they always agree.
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <string>
 
 #include "check.h"

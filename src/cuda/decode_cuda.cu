@@ -298,7 +298,6 @@ Status cuda_backend_status() { return Status::Ok(); }
 
 Status decode_cuda(const Problem& p, void* stream_ptr) {
   using namespace cuda;
-  if (p.B == 0 || p.T == 0 || p.HV == 0) return Status::Ok();
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   // Launch on the tensors' device, as a device guard would, and leave the caller's current
   // device as it was (the Python binding and multi-GPU engines rely on both).
