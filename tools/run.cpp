@@ -253,24 +253,17 @@ int run(const Options& opt) {
     fill_normal(a_h, idt, rng, 0.0, 1.0);
     fill_normal(b_h, idt, rng, 0.0, 1.0);
     fill_nan(o_h, odt);
-    for (int64_t n = 0; n < B; ++n) {
-      const bool real = n < Breal;
-      read_h[n] = real ? req_slot(n, 0) : -1;
-      for (int64_t t = 0; t < T; ++t) tok_h[n * T + t] = real ? req_slot(n, t) : -1;
-      acc_h[n] = real ? accepted[n] : 1;
-    }
-    // Padding rows sit at random positions, as after an engine drops finished requests.
+    // Request n (padding beyond Breal) sits at batch row perm[n]: padding rows land at random
+    // positions, as after an engine drops finished requests.
     std::vector<int64_t> perm(B);
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
-    {
-      std::vector<int32_t> r2(B), t2(B * T), a2(B);
-      for (int64_t n = 0; n < B; ++n) {
-        r2[perm[n]] = read_h[n];
-        a2[perm[n]] = acc_h[n];
-        for (int64_t t = 0; t < T; ++t) t2[perm[n] * T + t] = tok_h[n * T + t];
-      }
-      read_h.swap(r2), tok_h.swap(t2), acc_h.swap(a2);
+    for (int64_t n = 0; n < B; ++n) {
+      const bool real = n < Breal;
+      const int64_t row = perm[n];
+      read_h[row] = real ? req_slot(n, 0) : -1;
+      for (int64_t t = 0; t < T; ++t) tok_h[row * T + t] = real ? req_slot(n, t) : -1;
+      acc_h[row] = real ? accepted[n] : 1;
     }
     qkv_d.upload(qkv_h.data(), qkv_h.size());
     a_d.upload(a_h.data(), a_h.size());
