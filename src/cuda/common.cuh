@@ -299,23 +299,40 @@ __device__ __forceinline__ int64_t warp_token_write_slot(const Problem& p, const
 }
 
 // ---------------------------------------------------------------------------------------
-// Gates of one (n, t, hv), section 2 of the spec.
+// Gates of one (n, t, hv), section 2 of the spec, in two halves: the loads, issued early so
+// that their latency overlaps the slot load and the state copy (issued after those, under a
+// full memory system they returned behind the state tile and held the block's first barrier),
+// and the math once they are needed.
 // ---------------------------------------------------------------------------------------
-__device__ __forceinline__ void token_gates(const Problem& p, int64_t n, int64_t t, int64_t hv,
-                                            float& g, float& beta) {
+struct GateInputs {
+  float x0 = 0.f, x1 = 0.f;          // raw: a, b; precomputed: log g, beta
+  float A_log = 0.f, dt_bias = 0.f;  // raw only
+};
+
+__device__ __forceinline__ GateInputs load_gate_inputs(const Problem& p, int64_t n, int64_t t, int64_t hv) {
+  GateInputs r;
   if (p.raw_gates) {
-    const float a = load_scalar(p.a.data, p.a.dtype, n * p.a.s[0] + t * p.a.s[1] + hv * p.a.s[2]);
-    const float b = load_scalar(p.b.data, p.b.dtype, n * p.b.s[0] + t * p.b.s[1] + hv * p.b.s[2]);
-    const float A_log = static_cast<const float*>(p.A_log.data)[hv * p.A_log.s[0]];
-    const float dt_bias = load_scalar(p.dt_bias.data, p.dt_bias.dtype, hv * p.dt_bias.s[0]);
-    const float x = a + dt_bias;
-    const float sp = x <= 20.f ? log1pf(expf(x)) : x;
-    g = expf(-expf(A_log) * sp);
-    beta = 1.f / (1.f + expf(-b));
+    r.x0 = load_scalar(p.a.data, p.a.dtype, n * p.a.s[0] + t * p.a.s[1] + hv * p.a.s[2]);
+    r.x1 = load_scalar(p.b.data, p.b.dtype, n * p.b.s[0] + t * p.b.s[1] + hv * p.b.s[2]);
+    r.A_log = static_cast<const float*>(p.A_log.data)[hv * p.A_log.s[0]];
+    r.dt_bias = load_scalar(p.dt_bias.data, p.dt_bias.dtype, hv * p.dt_bias.s[0]);
   } else {
-    g = expf(static_cast<const float*>(p.g.data)[n * p.g.s[0] + t * p.g.s[1] + hv * p.g.s[2]]);
-    beta = load_scalar(p.beta.data, p.beta.dtype,
-                       n * p.beta.s[0] + t * p.beta.s[1] + hv * p.beta.s[2]);
+    r.x0 = static_cast<const float*>(p.g.data)[n * p.g.s[0] + t * p.g.s[1] + hv * p.g.s[2]];
+    r.x1 = load_scalar(p.beta.data, p.beta.dtype, n * p.beta.s[0] + t * p.beta.s[1] + hv * p.beta.s[2]);
+  }
+  return r;
+}
+
+__device__ __forceinline__ void gates_from_inputs(const Problem& p, const GateInputs& in, float& g,
+                                                  float& beta) {
+  if (p.raw_gates) {
+    const float x = in.x0 + in.dt_bias;
+    const float sp = x <= 20.f ? log1pf(expf(x)) : x;
+    g = expf(-expf(in.A_log) * sp);
+    beta = 1.f / (1.f + expf(-in.x1));
+  } else {
+    g = expf(in.x0);
+    beta = in.x1;
   }
 }
 
@@ -458,15 +475,33 @@ __device__ __forceinline__ void stage_issue(const Problem& p, const Geometry& ge
   }
 }
 
+// Thread t < tc loads token t0 + t's gate inputs (one token per thread: chunks are at most
+// kMaxChunk tokens); stage_gates_store turns them into g and beta in shared memory.
 template <int kThreads>
-__device__ __forceinline__ void stage_gates(const Problem& p, const StageSmem& sm, int64_t n,
-                                            int64_t t0, int tc, int64_t hv) {
-  for (int t = threadIdx.x; t < tc; t += kThreads) {
+__device__ __forceinline__ GateInputs stage_gates_load(const Problem& p, int64_t n, int64_t t0,
+                                                       int tc, int64_t hv) {
+  static_assert(kThreads >= kMaxChunk, "one token per thread");
+  GateInputs r;
+  if (static_cast<int>(threadIdx.x) < tc) r = load_gate_inputs(p, n, t0 + threadIdx.x, hv);
+  return r;
+}
+
+template <int kThreads>
+__device__ __forceinline__ void stage_gates_store(const Problem& p, const StageSmem& sm, int tc,
+                                                  const GateInputs& in) {
+  const int t = threadIdx.x;
+  if (t < tc) {
     float g, beta;
-    token_gates(p, n, t0 + t, hv, g, beta);
+    gates_from_inputs(p, in, g, beta);
     sm.tok[t * kTokScalars + 3] = g;
     sm.tok[t * kTokScalars + 4] = beta;
   }
+}
+
+template <int kThreads>
+__device__ __forceinline__ void stage_gates(const Problem& p, const StageSmem& sm, int64_t n,
+                                            int64_t t0, int tc, int64_t hv) {
+  stage_gates_store<kThreads>(p, sm, tc, stage_gates_load<kThreads>(p, n, t0, tc, hv));
 }
 
 template <int K, int kThreads, typename QK, typename Pos>

@@ -311,6 +311,7 @@ __global__ void __launch_bounds__(kKvTileThreads, GDN_KV_TILE_MIN_BLOCKS)
 
   stage_issue<NT>(p, geo, sm, n, 0, T, hv, c0, VT);
   cp_async_commit();
+  const GateInputs gates = stage_gates_load<NT>(p, n, 0, T, hv);
 
   const WarpSlots slots = resolve_row_warp(p, n, lane);
   if (slots.read < 0) {
@@ -337,7 +338,7 @@ __global__ void __launch_bounds__(kKvTileThreads, GDN_KV_TILE_MIN_BLOCKS)
     cp_async_commit();
   }
 
-  stage_gates<NT>(p, sm, n, 0, T, hv);
+  stage_gates_store<NT>(p, sm, T, gates);
   cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
   __syncthreads();
   stage_convert<K, NT>(p, geo, sm, T, VT, typename Sh::Pos{});

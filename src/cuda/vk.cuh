@@ -294,6 +294,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   // Inputs first: they do not depend on the slot, so their latency overlaps the slot load.
   stage_issue<kVkThreads>(p, geo, sm, n, 0, T, hv, row0, RT);
   cp_async_commit();
+  const GateInputs gates = stage_gates_load<kVkThreads>(p, n, 0, T, hv);
 
   const WarpSlots slots = resolve_row_warp(p, n, lane);
   if (slots.read < 0) {
@@ -320,7 +321,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     cp_async_commit();
   }
 
-  stage_gates<kVkThreads>(p, sm, n, 0, T, hv);
+  stage_gates_store<kVkThreads>(p, sm, T, gates);
   cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
   __syncthreads();
   stage_convert<K, kVkThreads>(p, geo, sm, T, RT, typename Sh::Pos{});
