@@ -6,7 +6,9 @@
 // other N-1 calls touch are at least 4x the L2: every call finds its state cold, as in
 // serving, where the other layers' states evict it. The graph is replayed several times and
 // the median replay time / C is the per-call time. q, k, v, gates and o are single copies
-// (in serving they come hot from the previous kernel).
+// (in serving they come hot from the previous kernel). --copy-kernel adds, per row, the time of
+// a plain copy kernel that moves the same state bytes in the same graph: the floor that launch,
+// latency and bandwidth leave for any kernel, measured instead of modelled.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -153,17 +155,21 @@ struct Options {
   int calls = 20;
   int reps = 5;
   double l2_multiple = 4.0;
+  bool copy_kernel = false;
 };
 
 struct Result {
   Config c;
   double us = 0, floor_us = 0, tbs = 0;
+  double copy_us = -1;  // the same-bytes copy kernel (--copy-kernel; < 0: not measured)
 };
 
 // The tensors of one configuration: shared inputs plus N state sets.
 struct Setup {
   std::vector<gdn::DecodeArgs> sets;
   double bytes = 0;  // floor model: valid rows' state read (+ write) (+ inter), plus inputs
+  const int32_t* read_slots = nullptr;  // device, [B]; nullptr in dense mode
+  int64_t slot_bytes = 0;               // state bytes of one slot (HV * rows * cols * es)
 };
 
 Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options& opt,
@@ -185,6 +191,7 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
   const double input_bytes = double(B) * T * (2 * H * K + 2 * HV * V) * 2 + double(B) * T * HV * 4;
   Setup su;
   su.bytes = state_bytes + inter_bytes + input_bytes;
+  su.slot_bytes = mat * es;
   const double touched = state_bytes + inter_bytes;
   const double cold = opt.l2_multiple * double(dev.l2);
   int64_t N = touched >= cold ? 1 : static_cast<int64_t>(std::ceil(cold / std::max(touched, 1.0))) + 1;
@@ -247,7 +254,10 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
   base.o = gdn::make_view(o, gdn::kBFloat16, dl, {B, T, HV, V});
   base.layout = c.layout_kv ? gdn::StateLayout::kKV : gdn::StateLayout::kVK;
   base.update_state = c.update;
-  if (c.mode != Mode::kDense) base.read_slots = gdn::make_view(rs, gdn::kInt32, dl, {B});
+  if (c.mode != Mode::kDense) {
+    base.read_slots = gdn::make_view(rs, gdn::kInt32, dl, {B});
+    su.read_slots = static_cast<const int32_t*>(rs);
+  }
   if (c.mode == Mode::kSplit) base.write_slots = gdn::make_view(ws, gdn::kInt32, dl, {B});
   for (int64_t i = 0; i < N; ++i) {
     gdn::DecodeArgs args = base;
@@ -267,6 +277,101 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
   return su;
 }
 
+// Median per-call time of `calls` launches (launch(i) enqueues call i) captured into one
+// CUDA graph and replayed opt.reps times after a warm-up replay.
+template <typename Launch>
+double time_graph(cudaStream_t s, int64_t calls, int reps, Launch launch) {
+  cudaGraph_t graph;
+  GDN_BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int64_t i = 0; i < calls; ++i) {
+    try {
+      launch(i);
+    } catch (...) {
+      cudaStreamEndCapture(s, &graph);
+      throw;
+    }
+  }
+  GDN_BENCH_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec;
+  GDN_BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  GDN_BENCH_CHECK(cudaEventCreate(&e0));
+  GDN_BENCH_CHECK(cudaEventCreate(&e1));
+  GDN_BENCH_CHECK(cudaGraphLaunch(exec, s));  // warm-up: module load, first-touch
+  GDN_BENCH_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> per_call;
+  for (int i = 0; i < reps; ++i) {
+    GDN_BENCH_CHECK(cudaEventRecord(e0, s));
+    GDN_BENCH_CHECK(cudaGraphLaunch(exec, s));
+    GDN_BENCH_CHECK(cudaEventRecord(e1, s));
+    GDN_BENCH_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    GDN_BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    per_call.push_back(ms * 1e3 / calls);
+  }
+  GDN_BENCH_CHECK(cudaEventDestroy(e0));
+  GDN_BENCH_CHECK(cudaEventDestroy(e1));
+  GDN_BENCH_CHECK(cudaGraphExecDestroy(exec));
+  GDN_BENCH_CHECK(cudaGraphDestroy(graph));
+  return median(per_call);
+}
+
+// Reference for the floor (--copy-kernel): a plain streaming kernel that moves exactly the
+// state bytes a call must move (each valid row's slot read, and written back in place when
+// the call updates the state), launched as gdn's kernels are (programmatic dependent launch,
+// one wave) in the same graph and rotation. Its time is what launch, latency and bandwidth
+// leave for any kernel of these bytes; nothing is computed.
+__global__ void state_copy_kernel(uint4* state, const int32_t* read_slots, int64_t B,
+                                  int64_t slot_vecs, bool write) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  constexpr int kUnroll = 4;
+  const int64_t total = B * slot_vecs;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kUnroll;
+  for (int64_t i0 = static_cast<int64_t>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x; i0 < total;
+       i0 += stride) {
+    uint4 x[kUnroll];
+    int64_t at[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + static_cast<int64_t>(u) * blockDim.x;
+      at[u] = -1;
+      if (i < total) {
+        const int64_t n = i / slot_vecs;
+        const int64_t slot = read_slots != nullptr ? read_slots[n] : n;
+        if (slot >= 0) {
+          at[u] = slot * slot_vecs + i % slot_vecs;
+          x[u] = state[at[u]];
+        }
+      }
+    }
+    if (write) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (at[u] >= 0) state[at[u]] = x[u];
+    }
+  }
+}
+
+void launch_state_copy(const Setup& su, const gdn::DecodeArgs& args, int64_t B, bool write,
+                       const Device& dev, cudaStream_t s) {
+  const int64_t slot_vecs = su.slot_bytes / 16;
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>((B * slot_vecs + kThreads * 4 - 1) / (kThreads * 4),
+                                           int64_t{8} * dev.sms);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  GDN_BENCH_CHECK(cudaLaunchKernelEx(&cfg, state_copy_kernel, static_cast<uint4*>(args.state.data),
+                                     su.read_slots, B, slot_vecs, write));
+}
+
 Result run_config(const Config& c, const Device& dev, Arena& arena, const Options& opt,
                   cudaStream_t s, double copy_tbs, uint64_t seed) {
   arena.used = 0;
@@ -281,40 +386,17 @@ Result run_config(const Config& c, const Device& dev, Arena& arena, const Option
   if (!st.ok()) throw std::runtime_error("gdn::decode: " + st.message());
   GDN_BENCH_CHECK(cudaStreamSynchronize(s));
 
-  int64_t calls = std::max<int64_t>(N, r.floor_us > 2000 ? 3 : opt.calls);
-  cudaGraph_t graph;
-  GDN_BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int64_t i = 0; i < calls; ++i) {
+  const int64_t calls = std::max<int64_t>(N, r.floor_us > 2000 ? 3 : opt.calls);
+  r.us = time_graph(s, calls, opt.reps, [&](int64_t i) {
     const gdn::Status e = gdn::decode(su.sets[i % N], s);
-    if (!e.ok()) {
-      cudaStreamEndCapture(s, &graph);
-      throw std::runtime_error("gdn::decode under capture: " + e.message());
-    }
-  }
-  GDN_BENCH_CHECK(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  GDN_BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t e0, e1;
-  GDN_BENCH_CHECK(cudaEventCreate(&e0));
-  GDN_BENCH_CHECK(cudaEventCreate(&e1));
-  GDN_BENCH_CHECK(cudaGraphLaunch(exec, s));  // warm-up: module load, first-touch
-  GDN_BENCH_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> per_call;
-  for (int i = 0; i < opt.reps; ++i) {
-    GDN_BENCH_CHECK(cudaEventRecord(e0, s));
-    GDN_BENCH_CHECK(cudaGraphLaunch(exec, s));
-    GDN_BENCH_CHECK(cudaEventRecord(e1, s));
-    GDN_BENCH_CHECK(cudaEventSynchronize(e1));
-    float ms = 0.f;
-    GDN_BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    per_call.push_back(ms * 1e3 / calls);
-  }
-  GDN_BENCH_CHECK(cudaEventDestroy(e0));
-  GDN_BENCH_CHECK(cudaEventDestroy(e1));
-  GDN_BENCH_CHECK(cudaGraphExecDestroy(exec));
-  GDN_BENCH_CHECK(cudaGraphDestroy(graph));
-  r.us = median(per_call);
+    if (!e.ok()) throw std::runtime_error("gdn::decode under capture: " + e.message());
+  });
   r.tbs = su.bytes / (r.us * 1e-6) / 1e12;
+  // The copy kernel moves the state bytes only: no reference for the intermediate cache.
+  if (opt.copy_kernel && !c.cache)
+    r.copy_us = time_graph(s, calls, opt.reps, [&](int64_t i) {
+      launch_state_copy(su, su.sets[i % N], c.B, c.update, dev, s);
+    });
   return r;
 }
 
@@ -425,8 +507,9 @@ int bench_main(const Options& opt) {
               dev.l2 / 1048576.0, copy_tbs);
   std::printf("eager T=1 B=1 qwen3-next fp32: %.2f us per call on the GPU, %.2f us host time per call\n",
               eager_us, host_us);
-  std::printf("%-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s\n", "model", "state", "lay",
-              "mode", "T", "B", "cache", "update", "us", "TB/s", "%ceil", "floor_us");
+  std::printf("%-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s%s\n", "model", "state", "lay",
+              "mode", "T", "B", "cache", "update", "us", "TB/s", "%ceil", "floor_us",
+              opt.copy_kernel ? "    copy_us" : "");
 
   const std::vector<Config> sweep = make_sweep(opt);
   std::vector<Result> results;
@@ -440,10 +523,12 @@ int bench_main(const Options& opt) {
     try {
       const Result r = run_config(c, dev, arena, opt, s, copy_tbs, 1000 + i);
       results.push_back(r);
-      std::printf("%-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.2f %7.3f %5.1f%% %10.2f\n",
+      std::printf("%-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.2f %7.3f %5.1f%% %10.2f",
                   c.model->name, c.bf16_state ? "bf16" : "fp32", c.layout_kv ? "KV" : "VK",
                   mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off", c.update ? "on" : "off", r.us,
                   r.tbs, 100.0 * r.tbs / copy_tbs, r.floor_us);
+      if (r.copy_us >= 0) std::printf(" %10.2f", r.copy_us);
+      std::printf("\n");
       std::fflush(stdout);
     } catch (const std::exception& e) {
       ++failures;
@@ -482,6 +567,7 @@ int bench_main(const Options& opt) {
                       {"us", r.us},
                       {"TBs", r.tbs},
                       {"floor_us", r.floor_us}});
+      if (r.copy_us >= 0) rows.back()["copy_us"] = r.copy_us;
     }
     j["rows"] = rows;
     std::ofstream f(opt.json);
@@ -513,6 +599,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--json", opt->json, "write the results as JSON to this path");
   cmd->add_option("--calls", opt->calls, "calls per captured graph (at least the state sets)");
   cmd->add_option("--reps", opt->reps, "timed graph replays (median)");
+  cmd->add_flag("--copy-kernel", opt->copy_kernel,
+                "also time a plain copy kernel that moves the same state bytes the same way "
+                "(launch + latency + bandwidth floor; rows without the cache)");
   cmd->callback([opt] {
     int rc = 1;
     try {
