@@ -51,7 +51,7 @@ bool prefetch_enabled() {
 //   GDN_CUDA_TILE=0           off: the register-resident general kernels everywhere;
 //   GDN_CUDA_VK_TILE=<rows>   VK state rows per block (power of two; default: 32 KB of state);
 //   GDN_CUDA_VK_TILE_BYTES=<bytes>  the default's per-block state bytes (32768);
-//   GDN_CUDA_VK_RR=1|2|4      VK rows in registers at once (default 1 at T = 1, else 4;
+//   GDN_CUDA_VK_RR=1|2|4      VK rows in registers at once (default 2 at T = 1, else 4;
 //                             halved while the tile rows are not a multiple of G * RR);
 //   GDN_CUDA_TILE_BPS=<n>     small grids: VK tiles halve while the grid still fits in n
 //                             blocks per SM (default 4);
@@ -190,10 +190,11 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   }
   // Rows in registers at once (GDN_CUDA_VK_RR overrides). T > 1: four, which share the q/k
   // reads and overlap four rows' per-token reduction chains (measured against two: +1..+5
-  // points of the floor without the cache, equal with it); T = 1: one (shortest prologue).
+  // points of the floor without the cache, equal with it); T = 1: two (against one, Qwen3-Next
+  // dense: bf16 B=16 16.8 -> 14.8 us, B=64 55.0 -> 52.8, fp32 B=16 28.3 -> 27.1, B=1 equal).
   // The tile rows must be a multiple of G * rr (rt is a power of two >= G): halve rr until
   // they are, so small-grid tiles fall back to 2 or 1.
-  int rr = p.T > 1 ? 4 : 1;
+  int rr = p.T > 1 ? 4 : 2;
   const int rro = vk_rr_override();
   if (rro == 1 || rro == 2 || rro == 4) rr = rro;
   while (rr > 1 && (rt % (rr * G) != 0 || rr > L)) rr /= 2;
