@@ -67,22 +67,34 @@ struct RowSlots {
   bool invalid = false;  // some slot >= P or num_accepted outside 1..T: counted and padded
 };
 
+// The slot row n reads its state from, before the range check against P: accepted-token
+// continuation, read slots, token 0's slot, or n itself (dense). Sets `bad_accepted` when
+// num_accepted[n] is outside 1..T (the row is invalid). `load(ptr, offset)` reads one index:
+// resolve_row passes load_index, the CUDA L2 prefetch an L2-only load.
+template <typename Load>
+GDN_HD int64_t read_slot(const Problem& p, int64_t n, bool& bad_accepted, Load load) {
+  bad_accepted = false;
+  if (p.num_accepted.data != nullptr) {
+    const int64_t acc = load(p.num_accepted, n * p.num_accepted.s[0]);
+    if (acc < 1 || acc > p.T) {
+      bad_accepted = true;
+      return -1;
+    }
+    return load(p.token_slots, n * p.token_slots.s[0] + (acc - 1) * p.token_slots.s[1]);
+  }
+  if (p.read_slots.data != nullptr) return load(p.read_slots, n * p.read_slots.s[0]);
+  if (p.token_slots.data != nullptr) return load(p.token_slots, n * p.token_slots.s[0]);
+  return n;  // dense
+}
+
 GDN_HD RowSlots resolve_row(const Problem& p, int64_t n) {
   RowSlots r;
   const bool per_token = p.token_slots.data != nullptr;
-  if (p.num_accepted.data != nullptr) {
-    const int64_t acc = load_index(p.num_accepted, n * p.num_accepted.s[0]);
-    if (acc < 1 || acc > p.T) {
-      r.invalid = true;
-      return r;
-    }
-    r.read = load_index(p.token_slots, n * p.token_slots.s[0] + (acc - 1) * p.token_slots.s[1]);
-  } else if (p.read_slots.data != nullptr) {
-    r.read = load_index(p.read_slots, n * p.read_slots.s[0]);
-  } else if (per_token) {
-    r.read = load_index(p.token_slots, n * p.token_slots.s[0]);
-  } else {
-    r.read = n;  // dense
+  bool bad_accepted = false;
+  r.read = read_slot(p, n, bad_accepted, [](const Ptr& x, int64_t off) { return load_index(x, off); });
+  if (bad_accepted) {
+    r.invalid = true;
+    return r;
   }
   if (r.read >= p.P) {
     r.invalid = true;

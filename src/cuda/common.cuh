@@ -179,19 +179,9 @@ __device__ __forceinline__ void prefetch_state_l2(const Problem& p, int64_t n, i
                                                   int nrows, int64_t col0, int row_bytes, int tid, int nthreads) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (tid >= nrows) return;
-  int64_t slot;
-  if (p.num_accepted.data != nullptr) {
-    const int64_t acc = ldcg_index(p.num_accepted, n * p.num_accepted.s[0]);
-    if (acc < 1 || acc > p.T) return;
-    slot = ldcg_index(p.token_slots, n * p.token_slots.s[0] + (acc - 1) * p.token_slots.s[1]);
-  } else if (p.read_slots.data != nullptr) {
-    slot = ldcg_index(p.read_slots, n * p.read_slots.s[0]);
-  } else if (p.token_slots.data != nullptr) {
-    slot = ldcg_index(p.token_slots, n * p.token_slots.s[0]);
-  } else {
-    slot = n;
-  }
-  if (slot < 0 || slot >= p.P) return;
+  bool bad_accepted = false;
+  const int64_t slot = read_slot(p, n, bad_accepted, [](const Ptr& x, int64_t off) { return ldcg_index(x, off); });
+  if (bad_accepted || slot < 0 || slot >= p.P) return;
   const int es = p.state.dtype == DType::kF32 ? 4 : 2;
   const char* head = static_cast<const char*>(p.state.data) +
                      (slot * p.state.s[0] + hv * p.state.s[1] + first_row * p.state.s[2] + col0) * es;
