@@ -562,6 +562,17 @@ __device__ __forceinline__ void zero_output(const Problem& p, int64_t n, int64_t
   }
 }
 
+// A padding or invalid row (slots.read < 0) of this block: outputs [c0, c0 + nc) of every
+// token become exact zeros, and an invalid row is counted once, by thread 0 of the block that
+// owns head 0, tile 0.
+template <int kThreads>
+__device__ __forceinline__ void finish_padded_row(const Problem& p, const WarpSlots& slots, int64_t n,
+                                                  int64_t hv, int tile, int64_t c0, int nc) {
+  if (slots.invalid && p.error_count != nullptr && hv == 0 && tile == 0 && threadIdx.x == 0)
+    atomicAdd(p.error_count, 1);
+  zero_output<kThreads>(p, n, hv, c0, nc);
+}
+
 // Launch geometry decided on the host (decode_cuda.cu) and handed to the per-dtype launchers.
 struct LaunchPlan {
   int64_t blocks = 0;

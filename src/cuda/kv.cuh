@@ -151,9 +151,7 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
 
   const WarpSlots slots = resolve_row_warp(p, n, lane);
   if (slots.read < 0) {
-    if (slots.invalid && p.error_count != nullptr && hv == 0 && tile == 0 && tid == 0)
-      atomicAdd(p.error_count, 1);
-    zero_output<NT>(p, n, hv, c0, VT);
+    finish_padded_row<NT>(p, slots, n, hv, tile, c0, VT);
     return;
   }
 
@@ -316,9 +314,7 @@ __global__ void __launch_bounds__(kKvTileThreads, GDN_KV_TILE_MIN_BLOCKS)
   const WarpSlots slots = resolve_row_warp(p, n, lane);
   if (slots.read < 0) {
     cp_async_wait_all();  // no copy may land in shared memory after the block has exited
-    if (slots.invalid && p.error_count != nullptr && hv == 0 && tile == 0 && tid == 0)
-      atomicAdd(p.error_count, 1);
-    zero_output<NT>(p, n, hv, c0, VT);
+    finish_padded_row<NT>(p, slots, n, hv, tile, c0, VT);
     return;
   }
 

@@ -184,9 +184,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
 
   const WarpSlots slots = resolve_row_warp(p, n, lane);
   if (slots.read < 0) {
-    if (slots.invalid && p.error_count != nullptr && hv == 0 && tile == 0 && tid == 0)
-      atomicAdd(p.error_count, 1);
-    zero_output<kVkThreads>(p, n, hv, row0, RB);
+    finish_padded_row<kVkThreads>(p, slots, n, hv, tile, row0, RB);
     return;
   }
 
@@ -299,9 +297,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   const WarpSlots slots = resolve_row_warp(p, n, lane);
   if (slots.read < 0) {
     cp_async_wait_all();  // no copy may land in shared memory after the block has exited
-    if (slots.invalid && p.error_count != nullptr && hv == 0 && tile == 0 && tid == 0)
-      atomicAdd(p.error_count, 1);
-    zero_output<kVkThreads>(p, n, hv, row0, RT);
+    finish_padded_row<kVkThreads>(p, slots, n, hv, tile, row0, RT);
     return;
   }
 
