@@ -6,7 +6,7 @@
 // [(i*L + j)*VE, +VE)), so one warp instruction touches whole 128-byte lines. A thread
 // may own R rows with the same K-slice, so the q/k slice it reads from shared memory per
 // token serves R rows. Per token and row the two reductions dot(S, k) and dot(S, q) of the
-// OLD state go through one xor-shuffle pass of log2(L) steps:
+// OLD state go through one reduce-scatter over the L lanes of the row:
 //   delta = beta*(v - g*sk);  o = g*sq + delta*kq;  S = g*S + delta*kh
 // (exact rewrite of section 2 of the spec). No __syncthreads inside the token loop.
 #pragma once
@@ -56,14 +56,67 @@ struct VkShape {
 // ---------------------------------------------------------------------------------------
 // Per-token math and stores, shared by both VK kernels. A thread holds R rows (rows
 // row + r*G of its group, r < R) of its K-slice in st[r][0..16). vrow[r*G] is row r's v.
-// vk_token: dot(S, k) and dot(S, q) of the old state (one xor-shuffle pass over the L lanes
-// of a row), then delta = beta*(v - g*sk); o = g*sq + delta*kq; S = g*S + delta*kh.
-// Every lane of the warp must call both (shuffles).
+//
+// Reduction: the 2R partial sums of a lane (dot(S, k) and dot(S, q) of the old state for R
+// rows) are reduce-scattered over the L lanes of the row (VkReduce): each xor step sends half
+// of a lane's values and keeps the other half, so 2R values cost 2R - 1 shuffles instead of
+// 2R * log2(L). Afterwards the lanes of the lower half of the group (j < L/2) hold the
+// dot(S, k) totals and compute the rows' delta, the upper half hold dot(S, q) and compute o
+// (the partner lane j ^ L/2 gives them their row's delta); every lane then fetches the R deltas
+// it needs for its update (R shuffles). The sums are bit-identical to an all-reduce (same
+// pairs, same tree).
+//
+// Lazy decay: a thread keeps its rows as S = gam_acc * Sh with Sh in st, so a token whose
+// state is not stored costs one FMA per element, Sh += (dk / gam) * k, instead of a multiply
+// and an FMA (without the cache the token loop is issue-bound from T = 3 on:
+// docs/performance.md). The factor folds back into the registers (the literal update
+// S = gam*S + dk*k, gam_acc = 1) on every token whose state is stored, so stores never scale,
+// and whenever gam would drop below kLazyMin, so dk / gam stays far from overflow. Same math
+// as SPEC section 2; only fp32 rounding order differs.
 // ---------------------------------------------------------------------------------------
+constexpr float kLazyMin = 0x1p-24f;
+
 template <int K, int R>
-__device__ __forceinline__ void vk_token(float (&st)[R][16], const StageSmem& sm, int t, int j,
-                                         const float* vrow, float (&o)[R]) {
-  constexpr int E = 16, L = K / E, G = kVkThreads / L;
+struct VkReduce {
+  static constexpr int L = K / 16;                       // lanes per row
+  static constexpr int N = 2 * R;                        // values per lane: R sk, then R sq
+  static constexpr int LOG2L = L == 4 ? 2 : L == 8 ? 3 : 4;
+  static constexpr int C = N > L ? N / L : 1;            // totals held per lane afterwards
+  static constexpr int H = (N / C) == 2 ? 1 : (N / C) == 4 ? 2 : 3;  // halving steps
+  static constexpr int SHIFT = LOG2L - H;                // lane j holds values [C*(j>>SHIFT), +C)
+  static_assert(L == 4 || L == 8 || L == 16);
+  static_assert((1 << H) * C == N && H <= LOG2L);
+};
+
+// Reduce-scatter of x over the lanes j, j ^ OFF, j ^ OFF/2, ... of a row group; CN values held.
+template <int OFF, int CN, int N>
+__device__ __forceinline__ void group_reduce_scatter(float (&x)[N], int j) {
+  if constexpr (OFF > 0) {
+    if constexpr (CN > 1) {
+      const bool up = (j & OFF) != 0;
+#pragma unroll
+      for (int i = 0; i < CN / 2; ++i) {
+        const float keep = up ? x[i + CN / 2] : x[i];
+        const float send = up ? x[i] : x[i + CN / 2];
+        x[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+      }
+      group_reduce_scatter<OFF / 2, CN / 2, N>(x, j);
+    } else {
+      x[0] += __shfl_xor_sync(0xffffffffu, x[0], OFF);
+      group_reduce_scatter<OFF / 2, 1, N>(x, j);
+    }
+  }
+}
+
+// One token for the thread's R rows: o[s] is the output of local row C*(j >> SHIFT) + s - R
+// on the lanes of the upper half (j >= L/2); `fold` = this token's state is stored.
+// Every lane of the warp must call it (shuffles).
+template <int K, int R>
+__device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, bool fold,
+                                         const StageSmem& sm, int t, int j, const float* vrow,
+                                         float (&o)[VkReduce<K, R>::C]) {
+  using Rd = VkReduce<K, R>;
+  constexpr int E = 16, L = Rd::L, G = kVkThreads / L, C = Rd::C;
   const float4* q4 = reinterpret_cast<const float4*>(sm.q + t * K);
   const float4* k4 = reinterpret_cast<const float4*>(sm.k + t * K);
   float kv[E];
@@ -88,52 +141,80 @@ __device__ __forceinline__ void vk_token(float (&st)[R][16], const StageSmem& sm
       sq2[r] = fmaf(x[3], a.w, sq2[r]);
     }
   }
+  float x[Rd::N];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    sk[r] += sk2[r];
-    sq[r] += sq2[r];
+    x[r] = sk[r] + sk2[r];
+    x[R + r] = sq[r] + sq2[r];
   }
-#pragma unroll
-  for (int off = L / 2; off > 0; off >>= 1) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      sk[r] += __shfl_xor_sync(0xffffffffu, sk[r], off);
-      sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], off);
-    }
-  }
+  group_reduce_scatter<L / 2, Rd::N, Rd::N>(x, j);
 
   const float4 sc = reinterpret_cast<const float4*>(sm.tok + t * kTokScalars)[0];
-  const float rqs = sc.x, rk = sc.y, kq = sc.z, g = sc.w;
+  const float rqs = sc.x, rk = sc.y, kq = sc.z;
   const float beta = sm.tok[t * kTokScalars + 4];
+  const float gam = gam_acc * sc.w;  // decay since the state in st was last exact
+  const int base = C * (j >> Rd::SHIFT);
+  float d[C];  // delta of local row base + s (meaningful on the lower half only)
+#pragma unroll
+  for (int s = 0; s < C; ++s) {
+    const float v = vrow[((base + s) & (R - 1)) * G];
+    d[s] = beta * (v - gam * (x[s] * rk));
+  }
+#pragma unroll
+  for (int s = 0; s < C; ++s) {
+    const float dr = __shfl_xor_sync(0xffffffffu, d[s], L / 2);  // the row's delta, from j ^ L/2
+    o[s] = gam * (x[s] * rqs) + dr * kq;
+  }
+  const int lane0 = (threadIdx.x & 31) - j;  // the group's first lane
+  float dl[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    dl[r] = __shfl_sync(0xffffffffu, d[r % C], lane0 + ((r / C) << Rd::SHIFT));
+
+  // Folding is a multiply in place, then the same FMA as the lazy step (one update loop, no
+  // register copies at the loop's back edge).
+  float rkc;
+  if (fold || gam < kLazyMin) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < E; ++m) st[r][m] *= gam;
+    rkc = rk;
+    gam_acc = 1.f;
+  } else {
+    rkc = __fdividef(rk, gam);
+    gam_acc = gam;
+  }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const float v = vrow[r * G];
-    const float delta = beta * (v - g * (sk[r] * rk));
-    o[r] = g * (sq[r] * rqs) + delta * kq;
-    const float dk = delta * rk;
+    const float c = dl[r] * rkc;
 #pragma unroll
-    for (int m = 0; m < E; ++m) st[r][m] = fmaf(g, st[r][m], dk * kv[m]);
+    for (int m = 0; m < E; ++m) st[r][m] = fmaf(c, kv[m], st[r][m]);
   }
 }
 
 // Output, intermediate cache and pool writes of token tt for the thread's R rows
-// (global rows row + r*G), straight from registers.
+// (global rows row + r*G), straight from registers. wslot: warp_token_write_slot of tt; the
+// preceding vk_token ran with fold = (cache on or wslot >= 0), so st holds the exact state.
 template <typename S, int K, int R, bool kVec>
-__device__ __forceinline__ void vk_store_token(const Problem& p, const WarpSlots& slots,
-                                               int64_t n, int64_t hv, int64_t tt, int64_t row,
-                                               int j, const float (&st)[R][16],
-                                               const float (&o)[R]) {
-  constexpr int VE = kVecElems<S>, NV = 16 / VE, L = K / 16, G = kVkThreads / L;
-  // Lane j of the group writes row j's output: R scattered stores spread over R lanes.
-  float my_o = 0.f;
+__device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, int64_t n,
+                                               int64_t hv, int64_t tt, int64_t row, int j,
+                                               const float (&st)[R][16],
+                                               const float (&o)[VkReduce<K, R>::C]) {
+  using Rd = VkReduce<K, R>;
+  constexpr int VE = kVecElems<S>, NV = 16 / VE, L = K / 16, G = kVkThreads / L, C = Rd::C;
+  // The upper-half lanes hold o; the first lane of each run of duplicates writes it.
+  if (j >= L / 2 && (j & ((1 << Rd::SHIFT) - 1)) == 0) {
+    const int r0 = C * (j >> Rd::SHIFT) - R;
 #pragma unroll
-  for (int r = 0; r < R; ++r)
-    if (j == r) my_o = o[r];
-  if (j < R && row + j * G < p.V)
-    store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + row + j * G,
-                 my_o);
+    for (int s = 0; s < C; ++s) {
+      const int64_t rv = row + (r0 + s) * G;
+      if (rv < p.V)
+        store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + rv,
+                     o[s]);
+    }
+  }
 
-  const int64_t wslot = warp_token_write_slot(p, slots, n, tt);
   // One destination at a time (cache, then pool): one base pointer live next to the R rows
   // (both at once spilled at R = 4, fp32, 128 registers).
   const auto store_rows = [&](S* base, int64_t rs) {
@@ -209,6 +290,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
     }
   }
 
+  float gam_acc = 1.f;  // lazy decay of st (vk_token)
   for (int64_t t0 = 0; t0 < p.T; t0 += geo.chunk) {
     if (t0 > 0) {
       tc = static_cast<int>(p.T - t0 < geo.chunk ? p.T - t0 : geo.chunk);
@@ -222,9 +304,11 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
     __syncthreads();
 
     for (int t = 0; t < tc; ++t) {
-      float o[R];
-      vk_token<K, R>(st, sm, t, j, sm.v + t * RB + group, o);
-      vk_store_token<S, K, R, kVec>(p, slots, n, hv, t0 + t, row0 + group, j, st, o);
+      const int64_t wslot = warp_token_write_slot(p, slots, n, t0 + t);
+      float o[VkReduce<K, R>::C];
+      vk_token<K, R>(st, gam_acc, p.inter.data != nullptr || wslot >= 0, sm, t, j,
+                     sm.v + t * RB + group, o);
+      vk_store_token<S, K, R, kVec>(p, wslot, n, hv, t0 + t, row0 + group, j, st, o);
     }
   }
 }
@@ -261,7 +345,7 @@ template <typename S, int K, int RR>
 __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     decode_vk_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
   static_assert(RR == 1 || RR == 2 || RR == 4);
-  static_assert(RR <= K / 16, "vk_store_token: lane j < RR writes row j's output");
+  static_assert(RR <= K / 16, "VkShape: at most L rows per thread");
   using Sh = VkShape<S, K, 1>;
   constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G;
   constexpr int PR = K / VE;  // 16-byte pieces per state row
@@ -333,10 +417,13 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
       for (int v = 0; v < NV; ++v)
         load_state_vec<S, true>(tile_s + (lr + r * G) * K + (v * L + j) * VE, &st[r][v * VE]);
     }
+    float gam_acc = 1.f;  // lazy decay of st (vk_token)
     for (int t = 0; t < T; ++t) {
-      float o[RR];
-      vk_token<K, RR>(st, sm, t, j, sm.v + t * RT + lr, o);
-      vk_store_token<S, K, RR, true>(p, slots, n, hv, t, row0 + lr, j, st, o);
+      const int64_t wslot = warp_token_write_slot(p, slots, n, t);
+      float o[VkReduce<K, RR>::C];
+      vk_token<K, RR>(st, gam_acc, p.inter.data != nullptr || wslot >= 0, sm, t, j,
+                      sm.v + t * RT + lr, o);
+      vk_store_token<S, K, RR, true>(p, wslot, n, hv, t, row0 + lr, j, st, o);
     }
   }
 }
