@@ -57,14 +57,16 @@ struct VkShape {
 // Per-token math and stores, shared by both VK kernels. A thread holds R rows (rows
 // row + r*G of its group, r < R) of its K-slice in st[r][0..16). vrow[r*G] is row r's v.
 //
-// Reduction: the 2R partial sums of a lane (dot(S, k) and dot(S, q) of the old state for R
-// rows) are reduce-scattered over the L lanes of the row (VkReduce): each xor step sends half
+// Reduction: at R = 4 the 2R partial sums of a lane (dot(S, k) and dot(S, q) of the old state
+// for R rows) are reduce-scattered over the L lanes of the row (VkReduce): each xor step sends half
 // of a lane's values and keeps the other half, so 2R values cost 2R - 1 shuffles instead of
 // 2R * log2(L). Afterwards the lanes of the lower half of the group (j < L/2) hold the
 // dot(S, k) totals and compute the rows' delta, the upper half hold dot(S, q) and compute o
 // (the partner lane j ^ L/2 gives them their row's delta); every lane then fetches the R deltas
 // it needs for its update (R shuffles). The sums are bit-identical to an all-reduce (same
-// pairs, same tree).
+// pairs, same tree). At R <= 2 (small grids, where the chain's latency counts more than its
+// instructions) the sums are all-reduced and every lane computes every row's delta. Either
+// way, the lanes j >= L/2 end with the outputs o in the order vk_store_token writes them.
 //
 // Lazy decay: a thread keeps its rows as S = gam_acc * Sh with Sh in st, so a token whose
 // state is not stored costs one FMA per element, Sh += (dk / gam) * k, instead of a multiply
@@ -84,6 +86,11 @@ struct VkReduce {
   static constexpr int C = N > L ? N / L : 1;            // totals held per lane afterwards
   static constexpr int H = (N / C) == 2 ? 1 : (N / C) == 4 ? 2 : 3;  // halving steps
   static constexpr int SHIFT = LOG2L - H;                // lane j holds values [C*(j>>SHIFT), +C)
+  // Reduce-scatter at R = 4 (24 -> 12 shuffles per token at K = 128; picked only for grids
+  // that fill the GPU several times, where the token loop is issue-bound); an all-reduce at
+  // R <= 2 (small grids, latency-bound: the scatter's extra delta broadcast made B = 1, T = 8
+  // 5% slower).
+  static constexpr bool kScatter = R == 4;
   static_assert(L == 4 || L == 8 || L == 16);
   static_assert((1 << H) * C == N && H <= LOG2L);
 };
@@ -147,32 +154,51 @@ __device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, boo
     x[r] = sk[r] + sk2[r];
     x[R + r] = sq[r] + sq2[r];
   }
-  group_reduce_scatter<L / 2, Rd::N, Rd::N>(x, j);
 
   const float4 sc = reinterpret_cast<const float4*>(sm.tok + t * kTokScalars)[0];
   const float rqs = sc.x, rk = sc.y, kq = sc.z;
   const float beta = sm.tok[t * kTokScalars + 4];
   const float gam = gam_acc * sc.w;  // decay since the state in st was last exact
   const int base = C * (j >> Rd::SHIFT);
-  float d[C];  // delta of local row base + s (meaningful on the lower half only)
+  float dl[R];  // every row's delta, on every lane
+  if constexpr (Rd::kScatter) {
+    group_reduce_scatter<L / 2, Rd::N, Rd::N>(x, j);
+    float d[C];  // delta of local row base + s (meaningful on the lower half only)
 #pragma unroll
-  for (int s = 0; s < C; ++s) {
-    const float v = vrow[((base + s) & (R - 1)) * G];
-    d[s] = beta * (v - gam * (x[s] * rk));
+    for (int s = 0; s < C; ++s) {
+      const float v = vrow[((base + s) & (R - 1)) * G];
+      d[s] = beta * (v - gam * (x[s] * rk));
+    }
+#pragma unroll
+    for (int s = 0; s < C; ++s) {
+      const float dr = __shfl_xor_sync(0xffffffffu, d[s], L / 2);  // the row's delta, from j ^ L/2
+      o[s] = gam * (x[s] * rqs) + dr * kq;
+    }
+    const int lane0 = (threadIdx.x & 31) - j;  // the group's first lane
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      dl[r] = __shfl_sync(0xffffffffu, d[r % C], lane0 + ((r / C) << Rd::SHIFT));
+  } else {
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1)
+#pragma unroll
+      for (int i = 0; i < Rd::N; ++i) x[i] += __shfl_xor_sync(0xffffffffu, x[i], off);
+    float orow[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      dl[r] = beta * (vrow[r * G] - gam * (x[r] * rk));
+      orow[r] = gam * (x[R + r] * rqs) + dl[r] * kq;
+    }
+#pragma unroll
+    for (int s = 0; s < C; ++s) {
+      o[s] = orow[0];
+#pragma unroll
+      for (int r = 1; r < R; ++r)
+        if (((base + s) & (R - 1)) == r) o[s] = orow[r];
+    }
   }
-#pragma unroll
-  for (int s = 0; s < C; ++s) {
-    const float dr = __shfl_xor_sync(0xffffffffu, d[s], L / 2);  // the row's delta, from j ^ L/2
-    o[s] = gam * (x[s] * rqs) + dr * kq;
-  }
-  const int lane0 = (threadIdx.x & 31) - j;  // the group's first lane
-  float dl[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    dl[r] = __shfl_sync(0xffffffffu, d[r % C], lane0 + ((r / C) << Rd::SHIFT));
 
-  // Folding is a multiply in place, then the same FMA as the lazy step (one update loop, no
-  // register copies at the loop's back edge).
+  // Folding is a multiply in place, then the same FMA as the lazy step.
   float rkc;
   if (fold || gam < kLazyMin) {
 #pragma unroll
