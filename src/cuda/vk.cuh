@@ -68,7 +68,7 @@ struct VkShape {
 // instructions) the sums are all-reduced and every lane computes every row's delta. Either
 // way, the lanes j >= L/2 end with the outputs o in the order vk_store_token writes them.
 //
-// Lazy decay: a thread keeps its rows as S = gam_acc * Sh with Sh in st, so a token whose
+// Lazy decay (R = 4 as well): a thread keeps its rows as S = gam_acc * Sh with Sh in st, so a token whose
 // state is not stored costs one FMA per element, Sh += (dk / gam) * k, instead of a multiply
 // and an FMA (without the cache the token loop is issue-bound from T = 3 on:
 // docs/performance.md). The factor folds back into the registers (the literal update
@@ -86,11 +86,11 @@ struct VkReduce {
   static constexpr int C = N > L ? N / L : 1;            // totals held per lane afterwards
   static constexpr int H = (N / C) == 2 ? 1 : (N / C) == 4 ? 2 : 3;  // halving steps
   static constexpr int SHIFT = LOG2L - H;                // lane j holds values [C*(j>>SHIFT), +C)
-  // Reduce-scatter at R = 4 (24 -> 12 shuffles per token at K = 128; picked only for grids
-  // that fill the GPU several times, where the token loop is issue-bound); an all-reduce at
-  // R <= 2 (small grids, latency-bound: the scatter's extra delta broadcast made B = 1, T = 8
-  // 5% slower).
-  static constexpr bool kScatter = R == 4;
+  // R = 4 is picked only for grids that fill the GPU several times over, where the token loop
+  // is issue-bound: reduce-scatter (24 -> 12 shuffles per token at K = 128) and lazy decay,
+  // fewer instructions for a longer per-token chain. R <= 2 (small grids, latency-bound: both
+  // made B = 1, T = 8 5-8% slower) all-reduce and update literally.
+  static constexpr bool kIssueBound = R == 4;
   static_assert(L == 4 || L == 8 || L == 16);
   static_assert((1 << H) * C == N && H <= LOG2L);
 };
@@ -161,7 +161,7 @@ __device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, boo
   const float gam = gam_acc * sc.w;  // decay since the state in st was last exact
   const int base = C * (j >> Rd::SHIFT);
   float dl[R];  // every row's delta, on every lane
-  if constexpr (Rd::kScatter) {
+  if constexpr (Rd::kIssueBound) {
     group_reduce_scatter<L / 2, Rd::N, Rd::N>(x, j);
     float d[C];  // delta of local row base + s (meaningful on the lower half only)
 #pragma unroll
@@ -198,24 +198,34 @@ __device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, boo
     }
   }
 
-  // Folding is a multiply in place, then the same FMA as the lazy step.
-  float rkc;
-  if (fold || gam < kLazyMin) {
+  if constexpr (Rd::kIssueBound) {
+    // Folding is a multiply in place, then the same FMA as the lazy step.
+    float rkc;
+    if (fold || gam < kLazyMin) {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+      for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int m = 0; m < E; ++m) st[r][m] *= gam;
-    rkc = rk;
-    gam_acc = 1.f;
+        for (int m = 0; m < E; ++m) st[r][m] *= gam;
+      rkc = rk;
+      gam_acc = 1.f;
+    } else {
+      rkc = __fdividef(rk, gam);
+      gam_acc = gam;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float c = dl[r] * rkc;
+#pragma unroll
+      for (int m = 0; m < E; ++m) st[r][m] = fmaf(c, kv[m], st[r][m]);
+    }
   } else {
-    rkc = __fdividef(rk, gam);
-    gam_acc = gam;
-  }
+    (void)fold;  // gam_acc stays 1: gam is this token's g
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float c = dl[r] * rkc;
+    for (int r = 0; r < R; ++r) {
+      const float dk = dl[r] * rk;
 #pragma unroll
-    for (int m = 0; m < E; ++m) st[r][m] = fmaf(c, kv[m], st[r][m]);
+      for (int m = 0; m < E; ++m) st[r][m] = fmaf(gam, st[r][m], dk * kv[m]);
+    }
   }
 }
 
