@@ -470,6 +470,32 @@ TEST_P(Decode, MoreThanSixteenTokens) {
   }
 }
 
+// Verify without the cache carries the decay of all tokens but the last as one factor (CUDA VK
+// tile path, src/cuda/vk.cuh "lazy decay"); a block refuses that when the factor would fall
+// below 2^-24. Per head: almost no decay and a moderate one (every token lazy: a wrong or
+// missing fold changes the state by 0.1% and by 2x), very strong decay (refused from the first
+// tokens on) and random gates; 16 tokens, both state dtypes, K = 64, 128, 256. B * HV = 280 keeps
+// the tiles whole, so the four-rows-per-thread variant (reduce-scatter) runs at every K.
+TEST_P(Decode, VerifyDecayFromNoneToTotal) {
+  GDN_SEED();
+  for (const DLDataType sd : {kFloat32, kBFloat16}) {
+    for (const int64_t K : {64, 128, 256}) {
+      SCOPED_TRACE(std::string(sd.bits == 32 ? "fp32" : "bf16") + " K=" + std::to_string(K));
+      Config cfg = base(Addressing::kPool, 70, 16);
+      cfg.H = 2;
+      cfg.HV = 4;
+      cfg.K = K;
+      cfg.V = 128;
+      cfg.state_dtype = sd;
+      Case c = make_case(cfg, seed + sd.bits + K);
+      c[Arg::kALog].set({0}, std::log(1e-4));  // g ~ 0.9999 per token
+      c[Arg::kALog].set({1}, std::log(40.0));  // g ~ exp(-30)
+      c[Arg::kALog].set({2}, std::log(0.05));  // g ~ 0.96
+      run_and_compare(backend(), c);
+    }
+  }
+}
+
 TEST_P(Decode, Qwen3NextDecodeShape) {
   GDN_SEED();
   Config cfg = base(Addressing::kPool, 8, 1);

@@ -65,16 +65,18 @@ struct VkShape {
 // (the partner lane j ^ L/2 gives them their row's delta); every lane then fetches the R deltas
 // it needs for its update (R shuffles). The sums are bit-identical to an all-reduce (same
 // pairs, same tree). At R <= 2 (small grids, where the chain's latency counts more than its
-// instructions) the sums are all-reduced and every lane computes every row's delta. Either
-// way, the lanes j >= L/2 end with the outputs o in the order vk_store_token writes them.
+// instructions) the sums are all-reduced and every lane computes every row's delta; lane
+// j < R keeps row j's output (vk_store_token knows both placements).
 //
-// Lazy decay (R = 4 as well): a thread keeps its rows as S = gam_acc * Sh with Sh in st, so a token whose
-// state is not stored costs one FMA per element, Sh += (dk / gam) * k, instead of a multiply
-// and an FMA (without the cache the token loop is issue-bound from T = 3 on:
-// docs/performance.md). The factor folds back into the registers (the literal update
-// S = gam*S + dk*k, gam_acc = 1) on every token whose state is stored, so stores never scale,
-// and whenever gam would drop below kLazyMin, so dk / gam stays far from overflow. Same math
-// as SPEC section 2; only fp32 rounding order differs.
+// Lazy decay (tile path, T > 1 without the cache or per-token slots: only the last token's
+// state is stored): a thread keeps its rows as S = gam_acc * Sh with Sh in st, so each token
+// but the last costs one FMA per element, Sh += (dk / gam) * k, instead of a multiply and an
+// FMA (without the cache the token loop is issue-bound from T = 3 on: docs/performance.md);
+// the last token takes the literal step S = gam*S + dk*k, which folds the factor back. The
+// tokens are split into the two loops before they run (vk_lazy_ok, block-uniform), so neither
+// loop branches per token; the split is refused when the decay over the lazy tokens would fall
+// below kLazyMin, so dk / gam stays far from overflow. Same math as SPEC section 2; only the
+// fp32 rounding order differs.
 // ---------------------------------------------------------------------------------------
 constexpr float kLazyMin = 0x1p-24f;
 
@@ -87,9 +89,9 @@ struct VkReduce {
   static constexpr int H = (N / C) == 2 ? 1 : (N / C) == 4 ? 2 : 3;  // halving steps
   static constexpr int SHIFT = LOG2L - H;                // lane j holds values [C*(j>>SHIFT), +C)
   // R = 4 is picked only for grids that fill the GPU several times over, where the token loop
-  // is issue-bound: reduce-scatter (24 -> 12 shuffles per token at K = 128) and lazy decay,
-  // fewer instructions for a longer per-token chain. R <= 2 (small grids, latency-bound: both
-  // made B = 1, T = 8 5-8% slower) all-reduce and update literally.
+  // is issue-bound: the reduce-scatter (24 -> 12 shuffles per token at K = 128) trades a longer
+  // per-token chain for fewer instructions. R <= 2 (small grids, latency-bound: with the
+  // scatter B = 1, T = 8 was 5-8% slower) all-reduce.
   static constexpr bool kIssueBound = R == 4;
   static_assert(L == 4 || L == 8 || L == 16);
   static_assert((1 << H) * C == N && H <= LOG2L);
@@ -115,12 +117,12 @@ __device__ __forceinline__ void group_reduce_scatter(float (&x)[N], int j) {
   }
 }
 
-// One token for the thread's R rows: o[s] is the output of local row C*(j >> SHIFT) + s - R
-// on the lanes of the upper half (j >= L/2); `fold` = this token's state is stored.
-// Every lane of the warp must call it (shuffles).
-template <int K, int R>
-__device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, bool fold,
-                                         const StageSmem& sm, int t, int j, const float* vrow,
+// One token for the thread's R rows; o as vk_store_token writes it. kLazy: the lazy step
+// (st += (dk / gam) * k, gam_acc = gam), else the literal one (st = gam*st + dk*k, gam_acc = 1),
+// which also folds the factor of earlier lazy steps. Every lane of the warp must call it.
+template <int K, int R, bool kLazy>
+__device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, const StageSmem& sm,
+                                         int t, int j, const float* vrow,
                                          float (&o)[VkReduce<K, R>::C]) {
   using Rd = VkReduce<K, R>;
   constexpr int E = 16, L = Rd::L, G = kVkThreads / L, C = Rd::C;
@@ -189,59 +191,48 @@ __device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, boo
       dl[r] = beta * (vrow[r * G] - gam * (x[r] * rk));
       orow[r] = gam * (x[R + r] * rqs) + dl[r] * kq;
     }
+    static_assert(C == 1);
+    o[0] = orow[0];
 #pragma unroll
-    for (int s = 0; s < C; ++s) {
-      o[s] = orow[0];
-#pragma unroll
-      for (int r = 1; r < R; ++r)
-        if (((base + s) & (R - 1)) == r) o[s] = orow[r];
-    }
+    for (int r = 1; r < R; ++r)
+      if (j == r) o[0] = orow[r];
   }
 
-  if constexpr (Rd::kIssueBound) {
-    // Folding is a multiply in place, then the same FMA as the lazy step.
-    float rkc;
-    if (fold || gam < kLazyMin) {
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < E; ++m) st[r][m] *= gam;
-      rkc = rk;
-      gam_acc = 1.f;
-    } else {
-      rkc = __fdividef(rk, gam);
-      gam_acc = gam;
-    }
+  if constexpr (kLazy) {
+    const float rkg = __fdividef(rk, gam);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float c = dl[r] * rkc;
+      const float c = dl[r] * rkg;
 #pragma unroll
       for (int m = 0; m < E; ++m) st[r][m] = fmaf(c, kv[m], st[r][m]);
     }
+    gam_acc = gam;
   } else {
-    (void)fold;  // gam_acc stays 1: gam is this token's g
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float dk = dl[r] * rk;
 #pragma unroll
       for (int m = 0; m < E; ++m) st[r][m] = fmaf(gam, st[r][m], dk * kv[m]);
     }
+    gam_acc = 1.f;
   }
 }
 
 // Output, intermediate cache and pool writes of token tt for the thread's R rows
-// (global rows row + r*G), straight from registers. wslot: warp_token_write_slot of tt; the
-// preceding vk_token ran with fold = (cache on or wslot >= 0), so st holds the exact state.
-template <typename S, int K, int R, bool kVec>
+// (global rows row + r*G), straight from registers; kOutOnly: the output only (a lazy token,
+// whose state is neither cached nor written). wslot: warp_token_write_slot of tt.
+template <typename S, int K, int R, bool kVec, bool kOutOnly>
 __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, int64_t n,
                                                int64_t hv, int64_t tt, int64_t row, int j,
                                                const float (&st)[R][16],
                                                const float (&o)[VkReduce<K, R>::C]) {
   using Rd = VkReduce<K, R>;
   constexpr int VE = kVecElems<S>, NV = 16 / VE, L = K / 16, G = kVkThreads / L, C = Rd::C;
-  // The upper-half lanes hold o; the first lane of each run of duplicates writes it.
-  if (j >= L / 2 && (j & ((1 << Rd::SHIFT) - 1)) == 0) {
-    const int r0 = C * (j >> Rd::SHIFT) - R;
+  // Reduce-scatter: the upper-half lanes hold o, the first lane of each run of duplicates
+  // writes it. All-reduce: lane j < R writes row j's.
+  const bool writer = Rd::kIssueBound ? j >= L / 2 && (j & ((1 << Rd::SHIFT) - 1)) == 0 : j < R;
+  if (writer) {
+    const int r0 = Rd::kIssueBound ? C * (j >> Rd::SHIFT) - R : j;
 #pragma unroll
     for (int s = 0; s < C; ++s) {
       const int64_t rv = row + (r0 + s) * G;
@@ -251,6 +242,7 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
     }
   }
 
+  if constexpr (kOutOnly) return;
   // One destination at a time (cache, then pool): one base pointer live next to the R rows
   // (both at once spilled at R = 4, fp32, 128 registers).
   const auto store_rows = [&](S* base, int64_t rs) {
@@ -272,6 +264,29 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
     store_rows(static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] +
                    row * p.state.s[2] + j * VE,
                p.state.s[2]);
+}
+
+// One token of the thread's R rows and its stores; every lane of the warp calls it.
+// kLazy: a token whose state is not stored (vk_lazy_ok), output only.
+template <typename S, int K, int R, bool kVec, bool kLazy>
+__device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots, int64_t n,
+                                        int64_t hv, int64_t tt, int64_t row, int j,
+                                        float (&st)[R][16], float& gam_acc, const StageSmem& sm,
+                                        int t, const float* vrow) {
+  float o[VkReduce<K, R>::C];
+  vk_token<K, R, kLazy>(st, gam_acc, sm, t, j, vrow, o);
+  vk_store_token<S, K, R, kVec, kLazy>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt), n,
+                                       hv, tt, row, j, st, o);
+}
+
+// Whether tokens 0 .. T-2 of a staged chunk may take the lazy step: no intermediate cache and
+// no per-token slots (only the last token's state is written), and the decay over them stays
+// above kLazyMin. Block-uniform.
+__device__ __forceinline__ bool vk_lazy_ok(const Problem& p, const StageSmem& sm, int T) {
+  if (T < 2 || p.inter.data != nullptr || p.token_slots.data != nullptr) return false;
+  float gam = 1.f;
+  for (int t = 0; t < T - 1; ++t) gam *= sm.tok[t * kTokScalars + 3];
+  return gam >= kLazyMin;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -326,7 +341,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
     }
   }
 
-  float gam_acc = 1.f;  // lazy decay of st (vk_token)
+  float gam_acc = 1.f;  // literal steps only: stays 1
   for (int64_t t0 = 0; t0 < p.T; t0 += geo.chunk) {
     if (t0 > 0) {
       tc = static_cast<int>(p.T - t0 < geo.chunk ? p.T - t0 : geo.chunk);
@@ -339,13 +354,9 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
     stage_convert<K, kVkThreads>(p, geo, sm, tc, RB, typename Sh::Pos{});
     __syncthreads();
 
-    for (int t = 0; t < tc; ++t) {
-      const int64_t wslot = warp_token_write_slot(p, slots, n, t0 + t);
-      float o[VkReduce<K, R>::C];
-      vk_token<K, R>(st, gam_acc, p.inter.data != nullptr || wslot >= 0, sm, t, j,
-                     sm.v + t * RB + group, o);
-      vk_store_token<S, K, R, kVec>(p, wslot, n, hv, t0 + t, row0 + group, j, st, o);
-    }
+    for (int t = 0; t < tc; ++t)
+      vk_step<S, K, R, kVec, false>(p, slots, n, hv, t0 + t, row0 + group, j, st, gam_acc, sm, t,
+                                    sm.v + t * RB + group);
   }
 }
 
@@ -443,6 +454,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   stage_convert<K, kVkThreads>(p, geo, sm, T, RT, typename Sh::Pos{});
   cp_async_wait_group<0>();
   __syncthreads();  // converted inputs and the state tile visible to every thread
+  const bool lazy = vk_lazy_ok(p, sm, T);
 
   for (int i = 0; i < RT / G; i += RR) {  // RT is a multiple of G * RR
     const int lr = i * G + group;        // local row of r = 0
@@ -453,14 +465,15 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
       for (int v = 0; v < NV; ++v)
         load_state_vec<S, true>(tile_s + (lr + r * G) * K + (v * L + j) * VE, &st[r][v * VE]);
     }
-    float gam_acc = 1.f;  // lazy decay of st (vk_token)
-    for (int t = 0; t < T; ++t) {
-      const int64_t wslot = warp_token_write_slot(p, slots, n, t);
-      float o[VkReduce<K, RR>::C];
-      vk_token<K, RR>(st, gam_acc, p.inter.data != nullptr || wslot >= 0, sm, t, j,
-                      sm.v + t * RT + lr, o);
-      vk_store_token<S, K, RR, true>(p, wslot, n, hv, t, row0 + lr, j, st, o);
-    }
+    float gam_acc = 1.f;
+    int t = 0;
+    if (lazy)
+      for (; t < T - 1; ++t)
+        vk_step<S, K, RR, true, true>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
+                                      sm.v + t * RT + lr);
+    for (; t < T; ++t)
+      vk_step<S, K, RR, true, false>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
+                                     sm.v + t * RT + lr);
   }
 }
 
