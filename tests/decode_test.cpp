@@ -470,11 +470,10 @@ TEST_P(Decode, MoreThanSixteenTokens) {
   }
 }
 
-// Verify without the cache carries the decay of all tokens but the last as one factor (CUDA VK
-// tile path, src/cuda/vk.cuh "lazy decay"); a block refuses that when the factor would fall
-// below 2^-24. Per head: almost no decay and a moderate one (every token lazy: a wrong or
-// missing fold changes the state by 0.1% and by 2x), very strong decay (refused from the first
-// tokens on) and random gates; 16 tokens, both state dtypes, K = 64, 128, 256. B * HV = 280 keeps
+// Verify without the cache carries the decay of runs of tokens as one factor (CUDA VK tile
+// path, src/cuda/vk.cuh "lazy decay"); a run ends before the factor falls below 2^-24. Per
+// head: almost no decay and a moderate one (one run: a wrong or missing fold changes the state
+// by 0.1% and by 2x), very strong decay (no token lazy) and random gates (runs of a few tokens); 16 tokens, both state dtypes, K = 64, 128, 256. B * HV = 280 keeps
 // the tiles whole, so the four-rows-per-thread variant (reduce-scatter) runs at every K.
 TEST_P(Decode, VerifyDecayFromNoneToTotal) {
   GDN_SEED();

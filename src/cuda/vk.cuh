@@ -73,10 +73,11 @@ struct VkShape {
 // but the last costs one FMA per element, Sh += (dk / gam) * k, instead of a multiply and an
 // FMA (without the cache the token loop is issue-bound from T = 3 on: docs/performance.md);
 // the last token takes the literal step S = gam*S + dk*k, which folds the factor back. The
-// tokens are split into the two loops before they run (vk_lazy_ok, block-uniform), so neither
-// loop branches per token; the split is refused when the decay over the lazy tokens would fall
-// below kLazyMin, so dk / gam stays far from overflow. Same math as SPEC section 2; only the
-// fp32 rounding order differs.
+// tokens run in segments, a loop of lazy steps and one literal step, whose ends are found
+// before they run (vk_lazy_end, block-uniform), so no loop branches per token; a segment ends
+// before the decay since its start falls below kLazyMin, so dk / gam stays far from overflow.
+// Four rows per thread only (kIssueBound). Same math as SPEC section 2; only the fp32 rounding
+// order differs.
 // ---------------------------------------------------------------------------------------
 constexpr float kLazyMin = 0x1p-24f;
 
@@ -267,7 +268,7 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
 }
 
 // One token of the thread's R rows and its stores; every lane of the warp calls it.
-// kLazy: a token whose state is not stored (vk_lazy_ok), output only.
+// kLazy: a token whose state is not stored (vk_lazy_end), output only.
 template <typename S, int K, int R, bool kVec, bool kLazy>
 __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots, int64_t n,
                                         int64_t hv, int64_t tt, int64_t row, int j,
@@ -279,14 +280,16 @@ __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots
                                        hv, tt, row, j, st, o);
 }
 
-// Whether tokens 0 .. T-2 of a staged chunk may take the lazy step: no intermediate cache and
-// no per-token slots (only the last token's state is written), and the decay over them stays
-// above kLazyMin. Block-uniform.
-__device__ __forceinline__ bool vk_lazy_ok(const Problem& p, const StageSmem& sm, int T) {
-  if (T < 2 || p.inter.data != nullptr || p.token_slots.data != nullptr) return false;
+// Lazy tokens run from t up to the returned token (exclusive), which takes the literal step:
+// the first token whose decay since t would fall below kLazyMin, at the latest T - 1 (the
+// stored one). Block-uniform (the gates are in shared memory).
+__device__ __forceinline__ int vk_lazy_end(const StageSmem& sm, int t, int T) {
   float gam = 1.f;
-  for (int t = 0; t < T - 1; ++t) gam *= sm.tok[t * kTokScalars + 3];
-  return gam >= kLazyMin;
+  for (; t < T - 1; ++t) {
+    gam *= sm.tok[t * kTokScalars + 3];
+    if (gam < kLazyMin) break;
+  }
+  return t;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -454,7 +457,10 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   stage_convert<K, kVkThreads>(p, geo, sm, T, RT, typename Sh::Pos{});
   cp_async_wait_group<0>();
   __syncthreads();  // converted inputs and the state tile visible to every thread
-  const bool lazy = vk_lazy_ok(p, sm, T);
+  // Lazy decay (four rows per thread only: at smaller grids the second loop body cost more in
+  // instruction fetch than it saved, B = 1 T = 1 +0.27 us): only the last token's state is stored.
+  const bool lazy = p.inter.data == nullptr && p.token_slots.data == nullptr;
+  (void)lazy;
 
   for (int i = 0; i < RT / G; i += RR) {  // RT is a multiple of G * RR
     const int lr = i * G + group;        // local row of r = 0
@@ -466,14 +472,15 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
         load_state_vec<S, true>(tile_s + (lr + r * G) * K + (v * L + j) * VE, &st[r][v * VE]);
     }
     float gam_acc = 1.f;
-    int t = 0;
-    if (lazy)
-      for (; t < T - 1; ++t)
-        vk_step<S, K, RR, true, true>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
-                                      sm.v + t * RT + lr);
-    for (; t < T; ++t)
+    for (int t = 0; t < T; ++t) {
+      if constexpr (VkReduce<K, RR>::kIssueBound) {
+        for (const int e = lazy ? vk_lazy_end(sm, t, T) : t; t < e; ++t)
+          vk_step<S, K, RR, true, true>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
+                                        sm.v + t * RT + lr);
+      }
       vk_step<S, K, RR, true, false>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
                                      sm.v + t * RT + lr);
+    }
   }
 }
 
