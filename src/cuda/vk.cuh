@@ -162,9 +162,9 @@ __device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, con
   const float rqs = sc.x, rk = sc.y, kq = sc.z;
   const float beta = sm.tok[t * kTokScalars + 4];
   const float gam = gam_acc * sc.w;  // decay since the state in st was last exact
-  const int base = C * (j >> Rd::SHIFT);
-  float dl[R];  // every row's delta, on every lane
   if constexpr (Rd::kIssueBound) {
+    const int base = C * (j >> Rd::SHIFT);
+    float dl[R];  // every row's delta, on every lane
     group_reduce_scatter<L / 2, Rd::N, Rd::N>(x, j);
     float d[C];  // delta of local row base + s (meaningful on the lower half only)
 #pragma unroll
@@ -181,41 +181,43 @@ __device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, con
 #pragma unroll
     for (int r = 0; r < R; ++r)
       dl[r] = __shfl_sync(0xffffffffu, d[r % C], lane0 + ((r / C) << Rd::SHIFT));
+    if constexpr (kLazy) {
+      const float rkg = __fdividef(rk, gam);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float c = dl[r] * rkg;
+#pragma unroll
+        for (int m = 0; m < E; ++m) st[r][m] = fmaf(c, kv[m], st[r][m]);
+      }
+      gam_acc = gam;
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float dk = dl[r] * rk;
+#pragma unroll
+        for (int m = 0; m < E; ++m) st[r][m] = fmaf(gam, st[r][m], dk * kv[m]);
+      }
+      gam_acc = 1.f;
+    }
   } else {
+    // All-reduce (row by row, sk and sq interleaved), then per row: delta, o, the literal update.
+    static_assert(!kLazy && C == 1);
 #pragma unroll
     for (int off = L / 2; off > 0; off >>= 1)
 #pragma unroll
-      for (int i = 0; i < Rd::N; ++i) x[i] += __shfl_xor_sync(0xffffffffu, x[i], off);
-    float orow[R];
+      for (int r = 0; r < R; ++r) {
+        x[r] += __shfl_xor_sync(0xffffffffu, x[r], off);
+        x[R + r] += __shfl_xor_sync(0xffffffffu, x[R + r], off);
+      }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      dl[r] = beta * (vrow[r * G] - gam * (x[r] * rk));
-      orow[r] = gam * (x[R + r] * rqs) + dl[r] * kq;
-    }
-    static_assert(C == 1);
-    o[0] = orow[0];
-#pragma unroll
-    for (int r = 1; r < R; ++r)
-      if (j == r) o[0] = orow[r];
-  }
-
-  if constexpr (kLazy) {
-    const float rkg = __fdividef(rk, gam);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float c = dl[r] * rkg;
-#pragma unroll
-      for (int m = 0; m < E; ++m) st[r][m] = fmaf(c, kv[m], st[r][m]);
-    }
-    gam_acc = gam;
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float dk = dl[r] * rk;
+      const float delta = beta * (vrow[r * G] - gam * (x[r] * rk));
+      const float orow = gam * (x[R + r] * rqs) + delta * kq;
+      if (r == 0 || j == r) o[0] = orow;
+      const float dk = delta * rk;
 #pragma unroll
       for (int m = 0; m < E; ++m) st[r][m] = fmaf(gam, st[r][m], dk * kv[m]);
     }
-    gam_acc = 1.f;
   }
 }
 
