@@ -284,8 +284,10 @@ __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots
 
 // Lazy tokens run from t up to the returned token (exclusive), which takes the literal step:
 // the first token whose decay since t would fall below kLazyMin, at the latest T - 1 (the
-// stored one). Block-uniform (the gates are in shared memory).
-__device__ __forceinline__ int vk_lazy_end(const StageSmem& sm, int t, int T) {
+// stored one); t itself (no lazy token) with the cache or per-token slots, where every token's
+// state is stored. Block-uniform (the gates are in shared memory).
+__device__ __forceinline__ int vk_lazy_end(const Problem& p, const StageSmem& sm, int t, int T) {
+  if (p.inter.data != nullptr || p.token_slots.data != nullptr) return t;
   float gam = 1.f;
   for (; t < T - 1; ++t) {
     gam *= sm.tok[t * kTokScalars + 3];
@@ -459,10 +461,6 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   stage_convert<K, kVkThreads>(p, geo, sm, T, RT, typename Sh::Pos{});
   cp_async_wait_group<0>();
   __syncthreads();  // converted inputs and the state tile visible to every thread
-  // Lazy decay (four rows per thread only: at smaller grids the second loop body cost more in
-  // instruction fetch than it saved, B = 1 T = 1 +0.27 us): only the last token's state is stored.
-  const bool lazy = p.inter.data == nullptr && p.token_slots.data == nullptr;
-  (void)lazy;
 
   for (int i = 0; i < RT / G; i += RR) {  // RT is a multiple of G * RR
     const int lr = i * G + group;        // local row of r = 0
@@ -475,8 +473,10 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     }
     float gam_acc = 1.f;
     for (int t = 0; t < T; ++t) {
+      // Lazy decay at four rows per thread only: at smaller grids the second loop body cost
+      // more in instruction fetch than it saved (B = 1, T = 1: +0.27 us).
       if constexpr (VkReduce<K, RR>::kIssueBound) {
-        for (const int e = lazy ? vk_lazy_end(sm, t, T) : t; t < e; ++t)
+        for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
           vk_step<S, K, RR, true, true>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
                                         sm.v + t * RT + lr);
       }
