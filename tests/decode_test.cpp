@@ -495,6 +495,52 @@ TEST_P(Decode, VerifyDecayFromNoneToTotal) {
   }
 }
 
+// Verify without stored intermediate states, bf16 state and q/k: the CUDA VK path takes the
+// chunked form (src/cuda/vk_chunk.cuh: products with all T tokens at once on tensor cores, a
+// per-row triangular solve, one rank-T update). T from 2 to 16, every K, tiles of 16 to 256
+// rows (B * HV from 2 to 280), packed qkv views, split and padded pools, update_state off,
+// each output dtype, both gate forms.
+TEST_P(Decode, VerifyChunkedForm) {
+  GDN_SEED();
+  struct Run {
+    int64_t K, V, T, B, HV;
+    Addressing mode;
+    DLDataType out;
+    bool update;
+  };
+  const Run runs[] = {  // tile rows (H100 plan) in the comments
+      {128, 128, 2, 40, 4, Addressing::kPool, kFloat32, true},     // 64
+      {128, 128, 3, 1, 2, Addressing::kDense, kBFloat16, true},    // 32
+      {128, 128, 5, 40, 4, Addressing::kSplit, kFloat32, true},    // 64, precomputed gates
+      {128, 128, 8, 70, 4, Addressing::kPool, kFloat16, false},    // 128, update off
+      {128, 128, 8, 70, 4, Addressing::kPool, kFloat32, true},     // 128
+      {64, 128, 9, 20, 8, Addressing::kPool, kFloat32, true},      // 64
+      {64, 64, 16, 3, 2, Addressing::kSplit, kFloat32, true},      // 64
+      {64, 256, 6, 70, 4, Addressing::kPool, kBFloat16, true},     // 256
+      {256, 256, 8, 10, 16, Addressing::kPool, kFloat32, true},    // 64
+      {256, 128, 16, 1, 2, Addressing::kDense, kFloat32, true},    // 16
+      {128, 256, 4, 12, 4, Addressing::kDense, kFloat32, true},    // 32
+  };
+  uint64_t s = seed;
+  for (const Run& r : runs) {
+    SCOPED_TRACE("K=" + std::to_string(r.K) + " V=" + std::to_string(r.V) + " T=" + std::to_string(r.T) +
+                 " B=" + std::to_string(r.B) + " HV=" + std::to_string(r.HV));
+    Config cfg = base(r.mode, r.B, r.T);
+    cfg.H = r.HV / 2;
+    cfg.HV = r.HV;
+    cfg.K = r.K;
+    cfg.V = r.V;
+    cfg.state_dtype = kBFloat16;
+    cfg.input_dtype = kBFloat16;
+    cfg.out_dtype = r.out;
+    cfg.update_state = r.update;
+    cfg.padding = r.mode != Addressing::kDense;
+    cfg.strides = r.T % 2 == 0 ? StrideMode::kPage : StrideMode::kCompact;
+    cfg.gates = r.T == 5 ? GateForm::kPrecomputed : GateForm::kRaw;
+    run_and_compare(backend(), make_case(cfg, ++s));
+  }
+}
+
 TEST_P(Decode, Qwen3NextDecodeShape) {
   GDN_SEED();
   Config cfg = base(Addressing::kPool, 8, 1);

@@ -350,11 +350,16 @@ struct Geometry {
 
 struct StageSmem {
   unsigned char* raw;  // [chunk][K] q, [chunk][K] k, [chunk][nc] v, input dtype
-  float* q;            // [chunk][K] fp32, permuted by pos
+  float* q;            // [chunk][K] fp32, permuted by pos; nullptr: not converted
   float* k;            // [chunk][K]
   float* v;            // [chunk][nc]
   float* tok;          // [chunk][kTokScalars]
+  // Optional (VK chunked kernel, 16-bit q/k): raw q and k bits as rows q_0..q_{tc-1},
+  // k_0..k_{tc-1}, then one zero row, kQk16Pad elements of padding per row so that 8 rows of
+  // 16 bytes (one ldmatrix) fall in distinct banks.
+  uint16_t* qk16 = nullptr;
 };
+constexpr int kQk16Pad = 8;
 
 // Carves the dynamic shared memory: `extra` leading floats (kernel-private), raw, fp32 arrays.
 __device__ __forceinline__ StageSmem carve_smem(float* base, int extra, const Geometry& geo,
@@ -510,8 +515,16 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
       const int e = i * 32 + lane;
       const float qf = to_f32(rq[t * K + e]);
       const float kf = to_f32(rk[t * K + e]);
-      sm.q[t * K + pos(e)] = qf;
-      sm.k[t * K + pos(e)] = kf;
+      if (sm.q != nullptr) {
+        sm.q[t * K + pos(e)] = qf;
+        sm.k[t * K + pos(e)] = kf;
+      }
+      if constexpr (sizeof(QK) == 2) {
+        if (sm.qk16 != nullptr) {
+          sm.qk16[t * (K + kQk16Pad) + e] = reinterpret_cast<const uint16_t*>(rq)[t * K + e];
+          sm.qk16[(tc + t) * (K + kQk16Pad) + e] = reinterpret_cast<const uint16_t*>(rk)[t * K + e];
+        }
+      }
       sqq = fmaf(qf, qf, sqq);
       skk = fmaf(kf, kf, skk);
       sqk = fmaf(qf, kf, sqk);
@@ -532,6 +545,8 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
     }
   }
   for (int i = threadIdx.x; i < tc * nc; i += kThreads) sm.v[i] = to_f32(rv[i]);
+  if (sm.qk16 != nullptr)
+    for (int i = threadIdx.x; i < K; i += kThreads) sm.qk16[2 * tc * (K + kQk16Pad) + i] = 0;
 }
 
 template <int K, int kThreads, typename Pos>
@@ -581,6 +596,7 @@ struct LaunchPlan {
   int rows_per_thread = 1;  // VK only: state rows per thread (1, 2 or 4); tile path: rows
                             // in registers at once (1 or 2)
   bool tile = false;        // shared-memory tile path (16-byte state, all tokens staged)
+  bool chunked = false;     // VK: the chunked tile kernel (vk_chunk.cuh) instead of the token loop
   bool vec = true;          // 16-byte state accesses allowed
   bool pdl = true;          // programmatic dependent launch attribute
   Geometry geo;

@@ -1,5 +1,5 @@
 // Instantiations for bf16 state, VK layout (all K, row counts and alignment variants).
-#include "vk.cuh"
+#include "vk_launch.cuh"
 
 namespace gdn::detail::cuda {
 template cudaError_t launch_vk<__nv_bfloat16>(const Problem&, const LaunchPlan&, cudaStream_t);

@@ -8,7 +8,7 @@
 #include "backends.h"
 #include "cuda/kv.cuh"
 #include "cuda/launch.h"
-#include "cuda/vk.cuh"
+#include "cuda/vk_chunk.cuh"
 
 namespace gdn::detail {
 namespace cuda {
@@ -69,6 +69,14 @@ int vk_tile_bytes() {
 }
 int vk_rr_override() {
   static const int v = env_int("GDN_CUDA_VK_RR", 0);
+  return v;
+}
+//   GDN_CUDA_VK_CHUNK=0|1|2   T > 1 without stored intermediate states (bf16 state and q/k):
+//                             0 the token loop, 2 the chunked kernel (vk_chunk.cuh) wherever it
+//                             applies, 1 (default) the chunked kernel where it was measured
+//                             faster (vk_chunk_pays);
+int vk_chunk_mode() {
+  static const int v = env_int("GDN_CUDA_VK_CHUNK", 1);
   return v;
 }
 int tile_blocks_per_sm() {
@@ -159,6 +167,19 @@ size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp) {
 
 constexpr size_t kTileSmemMax = 200 * 1024;  // under the 227 KB opt-in maximum of sm_90
 
+// The chunked kernel's fixed work (product, solve and update phases, each behind a barrier)
+// only pays where the token loop is issue-bound: several tokens and a grid that fills the GPU.
+// Measured on the H100 (Qwen3-Next pool, bf16 state, no cache; docs/performance.md section 4):
+// T = 8 B = 512 545 -> 422 us, B = 16 23.7 -> 17.8; T = 4 B >= 64 2-3% faster, B = 16 equal;
+// slower at T <= 3 (T = 2 B = 512 316 -> 345) and at B <= 4 (B = 1 T = 4 5.7 -> 9.1 us).
+constexpr int64_t kChunkMinT = 4;
+constexpr int64_t kChunkMinHeads = 512;
+bool vk_chunk_pays(const Problem& p) {
+  const int mode = vk_chunk_mode();
+  if (mode == 2) return true;
+  return mode == 1 && p.T >= kChunkMinT && p.B * p.HV >= kChunkMinHeads;
+}
+
 // VK tile path: tile rows a power of two in [G * RR, V], default ~32 KB of state per block,
 // halved while twice the blocks still fit in one wave of GDN_CUDA_TILE_BPS blocks per SM
 // (latency: more, shorter blocks, but never a second wave: B=4 Qwen3-Next fp32 went from
@@ -183,7 +204,18 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
     const int min_rows = 2 * G <= V ? 2 * G : G;
     while (rt > min_rows && heads * (V / rt) * 2 <= want) rt /= 2;
   }
-  for (;;) {
+  // The chunked form (vk_chunk.cuh): bf16 state and q/k, 2 <= T, only the last state stored.
+  bool chunked = false;
+  if (std::is_same_v<S, __nv_bfloat16> && vk_chunk_pays(p) && p.T >= 2 &&
+      p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && p.inter.data == nullptr &&
+      p.token_slots.data == nullptr && rt % 16 == 0) {
+    stage_all_tokens(p, rt, lp);
+    const VkChunkSmem lay(rt, static_cast<int>(p.K), static_cast<int>(p.T), lp.geo.raw_bytes,
+                          static_cast<int>(sizeof(S)));
+    chunked = static_cast<size_t>(lay.total) <= kTileSmemMax;
+    if (chunked) lp.smem = static_cast<size_t>(lay.total);
+  }
+  for (; !chunked;) {
     const size_t smem = static_cast<size_t>(rt) * row_bytes + stage_all_tokens(p, rt, lp);
     if (smem <= kTileSmemMax) {
       lp.smem = smem;
@@ -203,6 +235,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   if (rro == 1 || rro == 2 || rro == 4) rr = rro;
   while (rr > 1 && (rt % (rr * G) != 0 || rr > L)) rr /= 2;
   lp.tile = true;
+  lp.chunked = chunked;
   lp.rows_per_thread = rr;
   lp.threads = kVkThreads;
   lp.vec = true;

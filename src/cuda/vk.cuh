@@ -395,31 +395,27 @@ constexpr int kVkTileMinBlocks = RR == 1   ? GDN_VK_TILE_MIN_BLOCKS_RR1
                                  : RR == 2 ? GDN_VK_TILE_MIN_BLOCKS_RR2
                                            : GDN_VK_TILE_MIN_BLOCKS_RR4;
 
-template <typename S, int K, int RR>
-__global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
-    decode_vk_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
-  static_assert(RR == 1 || RR == 2 || RR == 4);
-  static_assert(RR <= K / 16, "VkShape: at most L rows per thread");
-  using Sh = VkShape<S, K, 1>;
-  constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G;
+// The tile kernels' prologue (VK tile and chunked kernels): returns false when the block's row
+// is padding or invalid (its outputs are zeroed; nothing else to do). Afterwards the state tile
+// (RT rows of head hv from row0), the converted inputs and the gates are in shared memory and
+// visible to every thread. kSwizzle: the 16-byte piece c of local row r lands at piece
+// c ^ (r & 7), so that one piece of eight consecutive rows (an ldmatrix) hits distinct banks.
+// while_state_lands() runs after the inputs are converted and before the wait for the state
+// tile (work that needs only the inputs hides under the state's latency).
+struct NoWork {
+  __device__ void operator()() const {}
+};
+template <typename S, int K, bool kSwizzle, typename Work = NoWork>
+__device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& geo,
+                                              const StageSmem& sm, S* tile_s, const BlockCoords& bc,
+                                              int64_t row0, int RT, WarpSlots& slots,
+                                              Work while_state_lands = {}) {
+  constexpr int VE = kVecElems<S>;
   constexpr int PR = K / VE;  // 16-byte pieces per state row
-  const int RT = geo.tile_rows;
-
-  extern __shared__ float4 smem4[];
-  S* const tile_s = reinterpret_cast<S*>(smem4);
-  const StageSmem sm = carve_smem(reinterpret_cast<float*>(smem4),
-                                  RT * K * static_cast<int>(sizeof(S)) / 4, geo, K, RT);
-
+  static_assert(!kSwizzle || PR >= 8);
   const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int group = tid / L;
-  const int j = tid % L;
-  const BlockCoords bc = block_coords(p, geo);
-  const int tile = bc.tile;
-  const int64_t hv = bc.hv, n = bc.n;
-  const int64_t row0 = static_cast<int64_t>(tile) * RT;
+  const int64_t n = bc.n, hv = bc.hv;
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
-
   if (geo.prefetch) {
     const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
     prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
@@ -432,11 +428,11 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   cp_async_commit();
   const GateInputs gates = stage_gates_load<kVkThreads>(p, n, 0, T, hv);
 
-  const WarpSlots slots = resolve_row_warp(p, n, lane);
+  slots = resolve_row_warp(p, n, tid & 31);
   if (slots.read < 0) {
     cp_async_wait_all();  // no copy may land in shared memory after the block has exited
-    finish_padded_row<kVkThreads>(p, slots, n, hv, tile, row0, RT);
-    return;
+    finish_padded_row<kVkThreads>(p, slots, n, hv, bc.tile, row0, RT);
+    return false;
   }
 
   {
@@ -445,7 +441,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     const int64_t ss2 = p.state.s[2];
     for (int i = tid; i < RT * PR; i += kVkThreads) {
       const int r = i / PR, c = i % PR;
-      S* const dst = tile_s + r * K + c * VE;
+      S* const dst = tile_s + r * K + (kSwizzle ? c ^ (r & 7) : c) * VE;
       if (row0 + r < p.V) {
         cp_async16(dst, src + r * ss2 + c * VE);
       } else {
@@ -458,9 +454,38 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   stage_gates_store<kVkThreads>(p, sm, T, gates);
   cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
   __syncthreads();
-  stage_convert<K, kVkThreads>(p, geo, sm, T, RT, typename Sh::Pos{});
+  stage_convert<K, kVkThreads>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
+  while_state_lands();
   cp_async_wait_group<0>();
   __syncthreads();  // converted inputs and the state tile visible to every thread
+  return true;
+}
+
+template <typename S, int K, int RR>
+__global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
+    decode_vk_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
+  static_assert(RR == 1 || RR == 2 || RR == 4);
+  static_assert(RR <= K / 16, "VkShape: at most L rows per thread");
+  using Sh = VkShape<S, K, 1>;
+  constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G;
+  const int RT = geo.tile_rows;
+
+  extern __shared__ float4 smem4[];
+  S* const tile_s = reinterpret_cast<S*>(smem4);
+  const StageSmem sm = carve_smem(reinterpret_cast<float*>(smem4),
+                                  RT * K * static_cast<int>(sizeof(S)) / 4, geo, K, RT);
+
+  const int tid = threadIdx.x;
+  const int group = tid / L;
+  const int j = tid % L;
+  const BlockCoords bc = block_coords(p, geo);
+  const int tile = bc.tile;
+  const int64_t hv = bc.hv, n = bc.n;
+  const int64_t row0 = static_cast<int64_t>(tile) * RT;
+  const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
+
+  WarpSlots slots;
+  if (!vk_tile_begin<S, K, false>(p, geo, sm, tile_s, bc, row0, RT, slots)) return;
 
   for (int i = 0; i < RT / G; i += RR) {  // RT is a multiple of G * RR
     const int lr = i * G + group;        // local row of r = 0
@@ -483,42 +508,6 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
       vk_step<S, K, RR, true, false>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
                                      sm.v + t * RT + lr);
     }
-  }
-}
-
-template <typename S, int K>
-cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
-  if (lp.tile) {
-    switch (lp.rows_per_thread) {
-      case 4:
-        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 4>>(p, lp, stream);
-      case 2:
-        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2>>(p, lp, stream);
-      default:
-        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1>>(p, lp, stream);
-    }
-  }
-  if (!lp.vec) return launch_kernel(decode_vk_kernel<S, K, 1, false>, p, lp, stream);
-  switch (lp.rows_per_thread) {
-    case 4:
-      return launch_kernel(decode_vk_kernel<S, K, 4, true>, p, lp, stream);
-    case 2:
-      return launch_kernel(decode_vk_kernel<S, K, 2, true>, p, lp, stream);
-    default:
-      return launch_kernel(decode_vk_kernel<S, K, 1, true>, p, lp, stream);
-  }
-}
-
-// Host launcher for one state dtype; instantiated once per dtype in decode_<dtype>_vk.cu.
-template <typename S>
-cudaError_t launch_vk(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
-  switch (p.K) {
-    case 64:
-      return launch_vk_k<S, 64>(p, lp, stream);
-    case 128:
-      return launch_vk_k<S, 128>(p, lp, stream);
-    default:
-      return launch_vk_k<S, 256>(p, lp, stream);
   }
 }
 

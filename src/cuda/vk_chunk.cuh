@@ -1,0 +1,365 @@
+// VK layout, T = 2..16 tokens whose intermediate states are not stored (no intermediate
+// cache, no per-token slots), bf16 state with bf16 q and k: the chunked form of the T tokens,
+// its products on tensor cores.
+//
+// Why: token by token the step needs three fp32 operations per state element and token plus
+// a per-token reduction chain; without the cache that loop, not memory, bounds the call from
+// T = 3 on for a bf16 state (docs/performance.md, section 1). Unrolled over the tokens
+// (SPEC section 2; gamma_t = g_0 * ... * g_t, G_ts = g_{s+1} * ... * g_t, G_tt = 1, S0 the state
+// read, kh_t = rk_t * k_t, qh_t = rqs_t * q_t with the norms and the scale as scalars):
+//
+//   S_t   = gamma_t * S0 + sum_{s<=t} G_ts * d_s * kh_s^T
+//   d_t   = beta_t * (v_t - gamma_t * rk_t * (S0 k_t) - sum_{s<t} G_ts rk_s rk_t (k_s.k_t) d_s)
+//   o_t   = gamma_t * rqs_t * (S0 q_t) + sum_{s<=t} G_ts rk_s rqs_t (k_s.q_t) d_s
+//   S_T-1 = gamma_T-1 * S0 + sum_s (G_T-1,s rk_s d_s) k_s^T
+//
+// so a row needs the 2T products of S0 with the raw q_t and k_t (one tensor-core product per
+// tile: bf16 times bf16 is exact, the sums are fp32), a T x T triangular solve per row in fp32
+// (d_t, o_t), and one rank-T update (tensor cores again: the fp32 weights split into three bf16
+// terms, hi + mid + lo, which carry 24 bits; the raw k are exact), accumulated in fp32 onto
+// gamma * S0 and rounded (RNE) once when stored. The per-token states stay implicit, which is
+// why a call that stores them (cache, per-token slots) takes the token loop of vk.cuh.
+//
+// Block: the tile prologue of vk.cuh (state tile of RT rows of one (n, hv) in shared memory,
+// 16-byte pieces swizzled for ldmatrix), then
+//   P0  (last warp, while the state tile is in flight) the Gram matrix of q and k (the raw
+//       rows as A) and the T x T tables of the solve;
+//   P1  warp w: the 16-row m-tiles w, w + 4, ...: acc = S0 [q_0..q_T-1, k_0..k_T-1] -> X;
+//   P2  thread per row: the solve, o_t stored, the update weights into X (in place);
+//   P3  warp w: its m-tiles' S = gamma * S0 + W K on tensor cores, rounded back into the tile;
+//   P4  warp w: its rows from the tile to the pool with 16-byte stores.
+#pragma once
+
+#include "vk.cuh"
+
+namespace gdn::detail::cuda {
+
+// Tables of the solve (floats): Akk[16][16], Aqk[16][16], ga[16], gc[16], gw[16], gamma_T-1.
+constexpr int kChunkTabFloats = 2 * kMaxChunk * kMaxChunk + 3 * kMaxChunk + 4;
+
+// Shared-memory layout of the chunked kernel (byte offsets), one definition for the host
+// planner (total) and the kernel (offsets). rt state rows of K elements of state_bytes each.
+struct VkChunkSmem {
+  int raw, x, tok, v, qk16, graw, tabs, total;
+  int xs, gs;  // row strides of X and Graw, floats
+  static constexpr __host__ __device__ int up16(int b) { return (b + 15) / 16 * 16; }
+  __host__ __device__ VkChunkSmem(int rt, int K, int T, int raw_bytes, int state_bytes) {
+    xs = 2 * T + 2;  // even, for the weight pairs of P3
+    gs = 2 * T + 1;
+    raw = up16(rt * K * state_bytes);  // the state tile first
+    // X reuses the raw staging area, dead once the prologue has converted it (one block fewer
+    // per SM otherwise at T = 8: 60 KB).
+    x = raw;
+    const int xb = up16(rt * xs * 4);
+    tok = raw + (raw_bytes > xb ? raw_bytes : xb);
+    v = tok + up16(T * kTokScalars * 4);
+    qk16 = v + up16(T * rt * 4);
+    graw = qk16 + up16((2 * T + 1) * (K + kQk16Pad) * 2);
+    tabs = graw + up16(2 * T * gs * 4);
+    total = tabs + kChunkTabFloats * 4;
+  }
+};
+
+// ldmatrix as CUTLASS writes it: volatile (kept in order with the barriers), no memory
+// clobber (with one, every shared-memory access after it waited for the one before it, which
+// serialized P3's loop on its tensor-core latency: B = 1 took 8.6 us instead of 4.5).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+// d += a b on a 16 x 8 tile, k = 16: bf16 products (exact), fp32 sums.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (w0, w1) as three packed bf16 pairs whose sum carries 24 bits of each (the residues are exact).
+__device__ __forceinline__ void split3_bf16(float w0, float w1, uint32_t& hi, uint32_t& mid,
+                                            uint32_t& lo) {
+  __nv_bfloat16* const tag = nullptr;
+  hi = pack2(w0, w1, tag);
+  const float r0 = w0 - bf16_lo(hi), r1 = w1 - bf16_hi(hi);
+  mid = pack2(r0, r1, tag);
+  lo = pack2(r0 - bf16_lo(mid), r1 - bf16_hi(mid), tag);
+}
+
+// P0 / P1 for one 16-row m-tile: acc[np][h] = A (16 x K, ldmatrix addresses from a_addr(k-step)) times
+// the columns np * 16 + h * 8 + [0, 8) of [q_0..q_T-1, k_0..k_T-1] (qk16 rows; zero beyond 2T).
+template <int K, typename AAddr>
+__device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AAddr a_addr, const uint16_t* qk,
+                                           const uint16_t* zrow, int T2, int np_count, int lane) {
+  constexpr int QKS = K + kQk16Pad;
+#pragma unroll
+  for (int np = 0; np < 2; ++np)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[np][h][i] = 0.f;
+  // ldmatrix of B: lanes 0-7 columns 0-7 low k half, 8-15 columns 0-7 high half, 16-31 columns 8-15.
+  const int bcol = (lane & 7) + ((lane >> 4) << 3);
+  const int bk = ((lane >> 3) & 1) << 3;
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+    uint32_t a[4];
+    ldsm_x4(a, a_addr(ks));
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+      if (np < np_count) {
+        const int col = np * 16 + bcol;
+        uint32_t b[4];
+        ldsm_x4(b, (col < T2 ? qk + col * QKS : zrow) + ks * 16 + bk);
+        mma_bf16(acc[np][0], a, b[0], b[1]);
+        mma_bf16(acc[np][1], a, b[2], b[3]);
+      }
+    }
+  }
+}
+
+// The m-tile's rows [0, nrows) of acc into dst (row stride ds floats), columns < T2.
+__device__ __forceinline__ void chunk_store_acc(const float (&acc)[2][2][4], float* dst, int ds,
+                                                int nrows, int T2, int np_count, int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int np = 0; np < 2; ++np)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = np * 16 + h * 8 + 2 * t4;
+      if (np >= np_count || col >= T2) continue;  // T2 even: col + 1 < T2 too
+      if (g < nrows) {
+        dst[g * ds + col] = acc[np][h][0];
+        dst[g * ds + col + 1] = acc[np][h][1];
+      }
+      if (g + 8 < nrows) {
+        dst[(g + 8) * ds + col] = acc[np][h][2];
+        dst[(g + 8) * ds + col + 1] = acc[np][h][3];
+      }
+    }
+}
+
+template <typename S, int K>
+__global__ void __launch_bounds__(kVkThreads, 4)
+    decode_vk_chunk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
+  static_assert(std::is_same_v<S, __nv_bfloat16>, "tensor-core products need bf16 state and q/k");
+  constexpr int QKS = K + kQk16Pad;
+  constexpr int CH = K / 8;  // 16-byte pieces per state row
+  constexpr int kWarps = kVkThreads / 32;
+  const int RT = geo.tile_rows;  // a multiple of 16 (host-checked)
+  const int T = static_cast<int>(p.T);
+  const int T2 = 2 * T;
+  const VkChunkSmem lay(RT, K, T, geo.raw_bytes, 2);
+
+  extern __shared__ float4 smem4[];
+  unsigned char* const base = reinterpret_cast<unsigned char*>(smem4);
+  S* const tile_s = reinterpret_cast<S*>(base);
+  StageSmem sm;
+  sm.raw = base + lay.raw;
+  sm.q = sm.k = nullptr;  // the products use the raw bits (qk16)
+  sm.tok = reinterpret_cast<float*>(base + lay.tok);
+  sm.v = reinterpret_cast<float*>(base + lay.v);
+  sm.qk16 = reinterpret_cast<uint16_t*>(base + lay.qk16);
+  float* const X = reinterpret_cast<float*>(base + lay.x);
+  float* const graw = reinterpret_cast<float*>(base + lay.graw);
+  float* const Akk = reinterpret_cast<float*>(base + lay.tabs);
+  float* const Aqk = Akk + kMaxChunk * kMaxChunk;
+  float* const ga = Aqk + kMaxChunk * kMaxChunk;
+  float* const gc = ga + kMaxChunk;
+  float* const gw = gc + kMaxChunk;
+  float* const gT = gw + kMaxChunk;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const BlockCoords bc = block_coords(p, geo);
+  const int64_t hv = bc.hv, n = bc.n;
+  const int64_t row0 = static_cast<int64_t>(bc.tile) * RT;
+
+  const uint16_t* const qk = sm.qk16;
+  const uint16_t* const zrow = qk + T2 * QKS;
+  const int mts = RT / 16;
+  const int np_count = (T2 + 15) / 16;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int arow = (lane & 7) + (((lane >> 3) & 1) << 3);  // ldmatrix of A: row in the m-tile
+  const int ahalf = lane >> 4;                              // low or high 8 of the 16 k
+  const float* const tok = sm.tok;
+
+  // The Gram matrix of the raw q and k rows (on tensor cores, the rows as A) and the T x T
+  // tables of the solve need only the inputs: the last warp computes them while the state
+  // tile is still in flight, off the block's critical path (after P1 they held the barrier).
+  const auto gram_and_tables = [&]() {
+    __syncthreads();  // qk16 and the per-token scalars written by every thread
+    if (warp != kWarps - 1) return;
+    float acc[2][2][4];
+    for (int gt = 0; gt < np_count; ++gt) {
+      const int i = gt * 16 + arow;
+      const uint16_t* const ap = (i < T2 ? qk + i * QKS : zrow) + (ahalf << 3);
+      chunk_dots<K>(
+          acc, [&](int ks) { return ap + ks * 16; }, qk, zrow, T2, np_count, lane);
+      chunk_store_acc(acc, graw + gt * 16 * lay.gs, lay.gs, T2 - gt * 16, T2, np_count, lane);
+    }
+    __syncwarp();
+    // The decay products directly (never as ratios of cumulative products, which underflow),
+    // times the norms; rows t, columns s.
+    for (int idx = lane; idx < T * T; idx += 32) {
+      const int t = idx / T, s = idx - t * T;
+      if (s > t) continue;
+      float G = 1.f;
+      for (int i = s + 1; i <= t; ++i) G *= tok[i * kTokScalars + 3];
+      const float rks = G * tok[s * kTokScalars + 1];
+      Aqk[t * kMaxChunk + s] = rks * tok[t * kTokScalars + 0] * graw[t * lay.gs + T + s];
+      if (s < t)
+        Akk[t * kMaxChunk + s] = rks * tok[t * kTokScalars + 1] * graw[(T + t) * lay.gs + T + s];
+    }
+    if (lane < T) {
+      float gam = 1.f, tail = 1.f;
+      for (int i = 0; i <= lane; ++i) gam *= tok[i * kTokScalars + 3];
+      for (int i = lane + 1; i < T; ++i) tail *= tok[i * kTokScalars + 3];
+      ga[lane] = gam * tok[lane * kTokScalars + 1];
+      gc[lane] = gam * tok[lane * kTokScalars + 0];
+      gw[lane] = tail * tok[lane * kTokScalars + 1];
+      if (lane == T - 1) gT[0] = gam;
+    }
+  };
+  WarpSlots slots;
+  if (!vk_tile_begin<S, K, true>(p, geo, sm, tile_s, bc, row0, RT, slots, gram_and_tables)) return;
+
+  // P1: products of the state rows with all q_t and k_t.
+  {
+    float acc[2][2][4];
+    for (int mt = warp; mt < mts; mt += kWarps) {
+      const int r = mt * 16 + arow;
+      const S* const rp = tile_s + r * K;
+      const int sw = r & 7;
+      chunk_dots<K>(
+          acc, [&](int ks) { return rp + (((ks * 2 + ahalf) ^ sw) << 3); }, qk, zrow, T2,
+          np_count, lane);
+      chunk_store_acc(acc, X + mt * 16 * lay.xs, lay.xs, 16, T2, np_count, lane);
+    }
+  }
+  __syncthreads();
+
+  // P2: per row, d_t and o_t in token order; the update weights G_T-1,s rk_s d_s replace the
+  // row's products in X.
+  for (int r = tid; r < RT; r += kVkThreads) {
+    float* const xr = X + r * lay.xs;
+    float a[kMaxChunk], c[kMaxChunk], d[kMaxChunk];
+#pragma unroll
+    for (int t = 0; t < kMaxChunk; ++t) {
+      if (t < T) {
+        c[t] = xr[t];
+        a[t] = xr[T + t];
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxChunk; ++t) {
+      if (t >= T) break;
+      float x = fmaf(-ga[t], a[t], sm.v[t * RT + r]);
+#pragma unroll
+      for (int s = 0; s < t; ++s) x = fmaf(-Akk[t * kMaxChunk + s], d[s], x);
+      d[t] = tok[t * kTokScalars + 4] * x;
+      float o = gc[t] * c[t];
+#pragma unroll
+      for (int s = 0; s <= t; ++s) o = fmaf(Aqk[t * kMaxChunk + s], d[s], o);
+      c[t] = o;  // stored after the loop: a global store here would order every later
+                 // shared-memory load of the tables behind it (the compiler cannot rule out
+                 // that o aliases them)
+    }
+#pragma unroll
+    for (int s = 0; s < kMaxChunk; ++s)
+      if (s < T) xr[s] = gw[s] * d[s];
+    const int64_t rv = row0 + r;
+    if (rv < p.V) {
+#pragma unroll
+      for (int t = 0; t < kMaxChunk; ++t)
+        if (t < T)
+          store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + rv, c[t]);
+    }
+  }
+
+  const int64_t wslot = p.update_state ? slots.write : -1;  // block-uniform
+  if (wslot < 0) return;
+  __syncthreads();
+
+  // P3: S = gamma_T-1 * S0 + W K per m-tile, in place in the tile. A = the weights (16 rows x
+  // 16 tokens, zero beyond T) as three bf16 terms; B = k rows by ldmatrix.trans (tokens beyond
+  // T read the zero row); C starts as gamma * S0.
+  const float gam_end = gT[0];
+  const int bt = (lane & 7) + (((lane >> 3) & 1) << 3);  // ldmatrix.trans row: token
+  const uint16_t* const bp = (bt < T ? qk + (T + bt) * QKS : zrow) + ((lane >> 4) << 3);
+  for (int mt = warp; mt < mts; mt += kWarps) {
+    const int rg = mt * 16 + g;
+    const float* const w0 = X + rg * lay.xs;
+    const float* const w1 = w0 + 8 * lay.xs;
+    const auto wv = [&](const float* w, int s) { return s < T ? w[s] : 0.f; };
+    uint32_t ah[4], am[4], al[4];
+    split3_bf16(wv(w0, 2 * t4), wv(w0, 2 * t4 + 1), ah[0], am[0], al[0]);
+    split3_bf16(wv(w1, 2 * t4), wv(w1, 2 * t4 + 1), ah[1], am[1], al[1]);
+    split3_bf16(wv(w0, 2 * t4 + 8), wv(w0, 2 * t4 + 9), ah[2], am[2], al[2]);
+    split3_bf16(wv(w1, 2 * t4 + 8), wv(w1, 2 * t4 + 9), ah[3], am[3], al[3]);
+    S* const r0p = tile_s + rg * K;
+    S* const r1p = r0p + 8 * K;
+    const int sw = rg & 7;  // rows rg and rg + 8 share the swizzle
+    // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its
+    // products, then its stores. Interleaved per n-tile, the compiler could not move a load
+    // above the previous n-tile's store (runtime swizzled addresses), so every n-tile waited
+    // for the one before it.
+    constexpr int NG = 8;
+#pragma unroll
+    for (int n0 = 0; n0 < K / 8; n0 += NG) {
+      uint32_t u[NG][2];
+#pragma unroll
+      for (int i = 0; i < NG; ++i) {
+        const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
+        u[i][0] = *reinterpret_cast<const uint32_t*>(r0p + off);
+        u[i][1] = *reinterpret_cast<const uint32_t*>(r1p + off);
+      }
+#pragma unroll
+      for (int i = 0; i < NG; i += 2) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, bp + (n0 + i) * 8);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float acc[4] = {gam_end * bf16_lo(u[i + h][0]), gam_end * bf16_hi(u[i + h][0]),
+                          gam_end * bf16_lo(u[i + h][1]), gam_end * bf16_hi(u[i + h][1])};
+          mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
+          mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
+          mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
+          u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
+          u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NG; ++i) {
+        const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
+        *reinterpret_cast<uint32_t*>(r0p + off) = u[i][0];
+        *reinterpret_cast<uint32_t*>(r1p + off) = u[i][1];
+      }
+    }
+  }
+  __syncwarp();
+
+  // P4: the warp's rows to the pool, 16-byte pieces in order (coalesced).
+  S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] +
+                 row0 * p.state.s[2];
+  for (int mt = warp; mt < mts; mt += kWarps) {
+    for (int i = lane; i < 16 * CH; i += 32) {
+      const int r = mt * 16 + i / CH, c = i % CH;
+      if (row0 + r >= p.V) continue;
+      Packed<S> v;
+      v.u = *reinterpret_cast<const uint4*>(tile_s + r * K + ((c ^ (r & 7)) << 3));
+      store_state_vec<S, true>(dst + r * p.state.s[2] + c * 8, v);
+    }
+  }
+}
+
+}  // namespace gdn::detail::cuda
