@@ -49,6 +49,13 @@ if has sanitize; then
       > "$OUT/sanitize-$tool.log" 2>&1
     rc=$?; note "compute-sanitizer $tool rc=$rc: $(grep -E 'ERROR SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitize-$tool.log" | tr '\n' ' ' | cut -c1-200)"
   done
+  # The VK chunked kernel (src/cuda/vk_chunk.cuh) runs on large grids only by default: forced here.
+  cfilter=${SANITIZE_CHUNK_FILTER:-'Cuda/Decode.Verify*:Cuda/Matrix.*/c1*'}
+  for tool in memcheck racecheck; do
+    GDN_CUDA_VK_CHUNK=2 compute-sanitizer --tool $tool --error-exitcode 9 ./$B/tests/gdn_tests \
+      --gtest_filter="$cfilter" > "$OUT/sanitize-chunk-$tool.log" 2>&1
+    rc=$?; note "compute-sanitizer $tool, chunked kernel forced, rc=$rc: $(grep -E 'ERROR SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitize-chunk-$tool.log" | tr '\n' ' ' | cut -c1-200)"
+  done
   note "sanitize took $((SECONDS - t0)) s"
 fi
 if has python; then
