@@ -350,11 +350,11 @@ struct Geometry {
 
 struct StageSmem {
   unsigned char* raw;  // [chunk][K] q, [chunk][K] k, [chunk][nc] v, input dtype
-  float* q;            // [chunk][K] fp32, permuted by pos; nullptr: not converted
+  float* q;            // [chunk][K] fp32, permuted by pos
   float* k;            // [chunk][K]
   float* v;            // [chunk][nc]
   float* tok;          // [chunk][kTokScalars]
-  // Optional (VK chunked kernel, 16-bit q/k): raw q and k bits as rows q_0..q_{tc-1},
+  // VK chunked kernel only (instead of q, k): raw bf16 q and k as rows q_0..q_{tc-1},
   // k_0..k_{tc-1}, then one zero row, kQk16Pad elements of padding per row so that 8 rows of
   // 16 bytes (one ldmatrix) fall in distinct banks.
   uint16_t* qk16 = nullptr;
@@ -499,7 +499,7 @@ __device__ __forceinline__ void stage_gates(const Problem& p, const StageSmem& s
   stage_gates_store<kThreads>(p, sm, tc, stage_gates_load<kThreads>(p, n, t0, tc, hv));
 }
 
-template <int K, int kThreads, typename QK, typename Pos>
+template <int K, int kThreads, typename QK, bool kQk16, typename Pos>
 __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry& geo,
                                                 const StageSmem& sm, int tc, int nc, Pos pos) {
   constexpr int kWarps = kThreads / 32;
@@ -515,15 +515,13 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
       const int e = i * 32 + lane;
       const float qf = to_f32(rq[t * K + e]);
       const float kf = to_f32(rk[t * K + e]);
-      if (sm.q != nullptr) {
+      if constexpr (kQk16) {
+        static_assert(sizeof(QK) == 2);
+        sm.qk16[t * (K + kQk16Pad) + e] = reinterpret_cast<const uint16_t*>(rq)[t * K + e];
+        sm.qk16[(tc + t) * (K + kQk16Pad) + e] = reinterpret_cast<const uint16_t*>(rk)[t * K + e];
+      } else {
         sm.q[t * K + pos(e)] = qf;
         sm.k[t * K + pos(e)] = kf;
-      }
-      if constexpr (sizeof(QK) == 2) {
-        if (sm.qk16 != nullptr) {
-          sm.qk16[t * (K + kQk16Pad) + e] = reinterpret_cast<const uint16_t*>(rq)[t * K + e];
-          sm.qk16[(tc + t) * (K + kQk16Pad) + e] = reinterpret_cast<const uint16_t*>(rk)[t * K + e];
-        }
       }
       sqq = fmaf(qf, qf, sqq);
       skk = fmaf(kf, kf, skk);
@@ -545,23 +543,30 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
     }
   }
   for (int i = threadIdx.x; i < tc * nc; i += kThreads) sm.v[i] = to_f32(rv[i]);
-  if (sm.qk16 != nullptr)
+  if constexpr (kQk16)
     for (int i = threadIdx.x; i < K; i += kThreads) sm.qk16[2 * tc * (K + kQk16Pad) + i] = 0;
 }
 
-template <int K, int kThreads, typename Pos>
+// kQk16 (the VK chunked kernel; bf16 q and k, host-checked): the raw q/k rows into sm.qk16
+// instead of fp32 q/k at pos.
+template <int K, int kThreads, bool kQk16 = false, typename Pos>
 __device__ __forceinline__ void stage_convert(const Problem& p, const Geometry& geo,
                                               const StageSmem& sm, int tc, int nc, Pos pos) {
-  switch (p.q.dtype) {
-    case DType::kF32:
-      stage_convert_t<K, kThreads, float>(p, geo, sm, tc, nc, pos);
-      break;
-    case DType::kBF16:
-      stage_convert_t<K, kThreads, __nv_bfloat16>(p, geo, sm, tc, nc, pos);
-      break;
-    default:
-      stage_convert_t<K, kThreads, __half>(p, geo, sm, tc, nc, pos);
-      break;
+  if constexpr (kQk16) {
+    stage_convert_t<K, kThreads, __nv_bfloat16, true>(p, geo, sm, tc, nc, pos);
+    return;
+  } else {
+    switch (p.q.dtype) {
+      case DType::kF32:
+        stage_convert_t<K, kThreads, float, false>(p, geo, sm, tc, nc, pos);
+        break;
+      case DType::kBF16:
+        stage_convert_t<K, kThreads, __nv_bfloat16, false>(p, geo, sm, tc, nc, pos);
+        break;
+      default:
+        stage_convert_t<K, kThreads, __half, false>(p, geo, sm, tc, nc, pos);
+        break;
+    }
   }
 }
 

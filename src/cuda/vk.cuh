@@ -398,21 +398,22 @@ constexpr int kVkTileMinBlocks = RR == 1   ? GDN_VK_TILE_MIN_BLOCKS_RR1
 // The tile kernels' prologue (VK tile and chunked kernels): returns false when the block's row
 // is padding or invalid (its outputs are zeroed; nothing else to do). Afterwards the state tile
 // (RT rows of head hv from row0), the converted inputs and the gates are in shared memory and
-// visible to every thread. kSwizzle: the 16-byte piece c of local row r lands at piece
-// c ^ (r & 7), so that one piece of eight consecutive rows (an ldmatrix) hits distinct banks.
+// visible to every thread. kChunked, the chunked kernel's layout: the 16-byte piece c of local
+// row r lands at piece c ^ (r & 7), so that one piece of eight consecutive rows (an ldmatrix)
+// hits distinct banks, and q, k stay raw bf16 rows (StageSmem::qk16) instead of fp32.
 // while_state_lands() runs after the inputs are converted and before the wait for the state
 // tile (work that needs only the inputs hides under the state's latency).
 struct NoWork {
   __device__ void operator()() const {}
 };
-template <typename S, int K, bool kSwizzle, typename Work = NoWork>
+template <typename S, int K, bool kChunked, typename Work = NoWork>
 __device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& geo,
                                               const StageSmem& sm, S* tile_s, const BlockCoords& bc,
                                               int64_t row0, int RT, WarpSlots& slots,
                                               Work while_state_lands = {}) {
   constexpr int VE = kVecElems<S>;
   constexpr int PR = K / VE;  // 16-byte pieces per state row
-  static_assert(!kSwizzle || PR >= 8);
+  static_assert(!kChunked || PR >= 8);
   const int tid = threadIdx.x;
   const int64_t n = bc.n, hv = bc.hv;
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
@@ -441,7 +442,7 @@ __device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& 
     const int64_t ss2 = p.state.s[2];
     for (int i = tid; i < RT * PR; i += kVkThreads) {
       const int r = i / PR, c = i % PR;
-      S* const dst = tile_s + r * K + (kSwizzle ? c ^ (r & 7) : c) * VE;
+      S* const dst = tile_s + r * K + (kChunked ? c ^ (r & 7) : c) * VE;
       if (row0 + r < p.V) {
         cp_async16(dst, src + r * ss2 + c * VE);
       } else {
@@ -454,7 +455,7 @@ __device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& 
   stage_gates_store<kVkThreads>(p, sm, T, gates);
   cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
   __syncthreads();
-  stage_convert<K, kVkThreads>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
+  stage_convert<K, kVkThreads, kChunked>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
   while_state_lands();
   cp_async_wait_group<0>();
   __syncthreads();  // converted inputs and the state tile visible to every thread

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kVkThreads, 4)
   S* const tile_s = reinterpret_cast<S*>(base);
   StageSmem sm;
   sm.raw = base + lay.raw;
-  sm.q = sm.k = nullptr;  // the products use the raw bits (qk16)
+  sm.q = sm.k = nullptr;  // not staged: the products use the raw bits (qk16)
   sm.tok = reinterpret_cast<float*>(base + lay.tok);
   sm.v = reinterpret_cast<float*>(base + lay.v);
   sm.qk16 = reinterpret_cast<uint16_t*>(base + lay.qk16);
