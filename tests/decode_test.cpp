@@ -495,9 +495,12 @@ TEST_P(Decode, VerifyDecayFromNoneToTotal) {
   }
 }
 
-// Verify without stored intermediate states, bf16 state and q/k: the CUDA VK path takes the
-// chunked form (src/cuda/vk_chunk.cuh: products with all T tokens at once on tensor cores, a
-// per-row triangular solve, one rank-T update). T from 2 to 16, every K, tiles of 16 to 256
+// Verify without stored intermediate states, bf16 state and q/k: the CUDA VK chunked form
+// (src/cuda/vk_chunk.cuh: products with all T tokens at once on tensor cores, a per-row
+// triangular solve, one rank-T update). These grids are below its default threshold, so the
+// plain run checks the token loop and ctest's chunk_forced.* copy (GDN_CUDA_VK_CHUNK=2) the
+// chunked kernel: there, a mutant without the decay on S0 q, and one with the update's weights
+// in one bf16 term instead of three (>1 ulp on ~6% of the state), both failed it on the H100. T from 2 to 16, every K, tiles of 16 to 256
 // rows (B * HV from 2 to 280), packed qkv views, split and padded pools, update_state off,
 // each output dtype, both gate forms.
 TEST_P(Decode, VerifyChunkedForm) {
