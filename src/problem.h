@@ -122,6 +122,13 @@ GDN_HD RowSlots resolve_row(const Problem& p, int64_t n) {
   return r;
 }
 
+// Whether states before the last token leave the kernel (intermediate cache or per-token
+// slots). Without them the kernels may carry the state in an implicit form across the tokens
+// (CUDA VK: lazy decay, the chunked kernel).
+GDN_HD bool stores_token_states(const Problem& p) {
+  return p.inter.data != nullptr || p.token_slots.data != nullptr;
+}
+
 // Slot the state after token t is written to (< 0: none). Final state goes to
 // token_slots[n, T-1] in per-token mode, else to the row's write slot.
 GDN_HD int64_t token_write_slot(const Problem& p, const RowSlots& r, int64_t n, int64_t t) {

@@ -554,7 +554,6 @@ __device__ __forceinline__ void stage_convert(const Problem& p, const Geometry& 
                                               const StageSmem& sm, int tc, int nc, Pos pos) {
   if constexpr (kQk16) {
     stage_convert_t<K, kThreads, __nv_bfloat16, true>(p, geo, sm, tc, nc, pos);
-    return;
   } else {
     switch (p.q.dtype) {
       case DType::kF32:

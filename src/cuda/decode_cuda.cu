@@ -207,8 +207,8 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   // The chunked form (vk_chunk.cuh): bf16 state and q/k, 2 <= T, only the last state stored.
   bool chunked = false;
   if (std::is_same_v<S, __nv_bfloat16> && vk_chunk_pays(p) && p.T >= 2 &&
-      p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && p.inter.data == nullptr &&
-      p.token_slots.data == nullptr && rt % 16 == 0) {
+      p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) &&
+      rt % 16 == 0) {
     stage_all_tokens(p, rt, lp);
     const VkChunkSmem lay(rt, static_cast<int>(p.K), static_cast<int>(p.T), lp.geo.raw_bytes,
                           static_cast<int>(sizeof(S)));

@@ -287,7 +287,7 @@ __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots
 // stored one); t itself (no lazy token) with the cache or per-token slots, where every token's
 // state is stored. Block-uniform (the gates are in shared memory).
 __device__ __forceinline__ int vk_lazy_end(const Problem& p, const StageSmem& sm, int t, int T) {
-  if (p.inter.data != nullptr || p.token_slots.data != nullptr) return t;
+  if (stores_token_states(p)) return t;
   float gam = 1.f;
   for (; t < T - 1; ++t) {
     gam *= sm.tok[t * kTokScalars + 3];

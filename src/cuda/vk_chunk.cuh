@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kVkThreads, 5)
   const int np_count = (T2 + 15) / 16;
   const int g = lane >> 2, t4 = lane & 3;
   const int arow = (lane & 7) + (((lane >> 3) & 1) << 3);  // ldmatrix of A: row in the m-tile
-  const int ahalf = lane >> 4;                              // low or high 8 of the 16 k
+  const int ahalf = lane >> 4;                              // low or high 8 of the 16 k (or columns)
   const float* const tok = sm.tok;
 
   // The Gram matrix of the raw q and k rows (on tensor cores, the rows as A) and the T x T
@@ -294,8 +294,8 @@ __global__ void __launch_bounds__(kVkThreads, 5)
   // 16 tokens, zero beyond T) as three bf16 terms; B = k rows by ldmatrix.trans (tokens beyond
   // T read the zero row); C starts as gamma * S0.
   const float gam_end = gT[0];
-  const int bt = (lane & 7) + (((lane >> 3) & 1) << 3);  // ldmatrix.trans row: token
-  const uint16_t* const bp = (bt < T ? qk + (T + bt) * QKS : zrow) + ((lane >> 4) << 3);
+  // ldmatrix.trans of B: the lane's row is token arow (the A-row pattern), columns + 8 * ahalf.
+  const uint16_t* const bp = (arow < T ? qk + (T + arow) * QKS : zrow) + (ahalf << 3);
   for (int mt = warp; mt < mts; mt += kWarps) {
     const int rg = mt * 16 + g;
     const float* const w0 = X + rg * lay.xs;
