@@ -303,6 +303,7 @@ __global__ void __launch_bounds__(kKvTileThreads, GDN_KV_TILE_MIN_BLOCKS)
   const int64_t col = c0 + vl * VE;
   const bool col_ok = col < p.V;
 
+  warm_params(p);
   if (geo.prefetch) prefetch_state_l2(p, n, hv, 0, K, c0, VT * static_cast<int>(sizeof(S)), tid, NT);
   pdl_wait();
   pdl_launch_dependents();

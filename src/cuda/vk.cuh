@@ -417,6 +417,7 @@ __device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& 
   const int tid = threadIdx.x;
   const int64_t n = bc.n, hv = bc.hv;
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
+  warm_params(p);
   if (geo.prefetch) {
     const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
     prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
