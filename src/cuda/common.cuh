@@ -536,6 +536,19 @@ __device__ __forceinline__ void stage_gates(const Problem& p, const StageSmem& s
   stage_gates_store<kThreads>(p, sm, tc, stage_gates_load<kThreads>(p, n, t0, tc, hv));
 }
 
+// A token's q/k scalars from sum(q^2), sum(k^2) and sum(q k) of the raw inputs (spec section
+// 2): rq * scale and rk (the L2 norms' reciprocals, 1 without use_qk_l2norm) and the normalized,
+// scaled q.k, so that q and k are never rescaled element-wise.
+struct TokScalars {
+  float rqs, rk, kq;
+};
+__device__ __forceinline__ TokScalars token_scalars(const Problem& p, float sqq, float skk, float sqk) {
+  const float rq = p.use_qk_l2norm ? rsqrtf(sqq + 1e-6f) : 1.f;
+  const float rk = p.use_qk_l2norm ? rsqrtf(skk + 1e-6f) : 1.f;
+  const float rqs = rq * p.scale;
+  return {rqs, rk, sqk * rqs * rk};
+}
+
 template <int K, int kThreads, typename QK, bool kQk16, typename Pos>
 __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry& geo,
                                                 const StageSmem& sm, int tc, int nc, Pos pos) {
@@ -571,12 +584,10 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
       sqk += __shfl_xor_sync(0xffffffffu, sqk, off);
     }
     if (lane == 0) {
-      const float rq_ = p.use_qk_l2norm ? rsqrtf(sqq + 1e-6f) : 1.f;
-      const float rk_ = p.use_qk_l2norm ? rsqrtf(skk + 1e-6f) : 1.f;
-      const float rqs = rq_ * p.scale;
-      sm.tok[t * kTokScalars + 0] = rqs;
-      sm.tok[t * kTokScalars + 1] = rk_;
-      sm.tok[t * kTokScalars + 2] = sqk * rqs * rk_;
+      const TokScalars ts = token_scalars(p, sqq, skk, sqk);
+      sm.tok[t * kTokScalars + 0] = ts.rqs;
+      sm.tok[t * kTokScalars + 1] = ts.rk;
+      sm.tok[t * kTokScalars + 2] = ts.kq;
     }
   }
   for (int i = threadIdx.x; i < tc * nc; i += kThreads) sm.v[i] = to_f32(rv[i]);
@@ -638,6 +649,7 @@ struct LaunchPlan {
                             // in registers at once (1 or 2)
   bool tile = false;        // shared-memory tile path (16-byte state, all tokens staged)
   bool chunked = false;     // VK: the chunked tile kernel (vk_chunk.cuh) instead of the token loop
+  bool direct = false;      // VK tile, rows in registers <= 2: raw bf16 q/k/v, no conversion phase
   bool vec = true;          // 16-byte state accesses allowed
   bool pdl = true;          // programmatic dependent launch attribute
   Geometry geo;

@@ -79,6 +79,13 @@ int vk_chunk_mode() {
   static const int v = env_int("GDN_CUDA_VK_CHUNK", 1);
   return v;
 }
+//   GDN_CUDA_VK_DIRECT=0|1|2  the direct token loop (raw bf16 q/k/v read by the compute threads,
+//                             no conversion phase): 0 off, 2 wherever it applies, 1 (default)
+//                             where it was measured faster (vk_direct_pays);
+int vk_direct_mode() {
+  static const int v = env_int("GDN_CUDA_VK_DIRECT", 1);
+  return v;
+}
 int tile_blocks_per_sm() {
   static const int v = env_int("GDN_CUDA_TILE_BPS", 4);
   return v;
@@ -184,6 +191,16 @@ bool vk_chunk_pays(const Problem& p) {
 // halved while twice the blocks still fit in one wave of GDN_CUDA_TILE_BPS blocks per SM
 // (latency: more, shorter blocks, but never a second wave: B=4 Qwen3-Next fp32 went from
 // 1024 blocks in two waves, 11.3 us, to 512 in one, 9.1 us).
+// The direct token loop trades the block's conversion phase and one barrier for per-thread
+// q/k norms in every token: a latency saving where an SM holds one or two blocks, extra issue
+// work where it holds more. Measured on the H100 (Qwen3-Next, bf16 q/k/v, docs/performance.md
+// section 4): B = 1 (128 blocks) T = 1 fp32 4.19 -> 3.76 us, bf16 3.84 -> 3.36, T = 4 -4..-5%;
+// B = 4 (512 blocks) T = 4 fp32 +8.5%, B = 16 T = 1 bf16 +3%.
+bool vk_direct_pays(int64_t blocks) {
+  const int mode = vk_direct_mode();
+  return mode == 2 || (mode == 1 && blocks <= 2 * static_cast<int64_t>(sm_count()));
+}
+
 template <typename S>
 bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   const int L = static_cast<int>(p.K / 16);
@@ -242,6 +259,8 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   lp.geo.tile_rows = rt;
   lp.geo.tiles = V / rt;
   lp.blocks = p.B * p.HV * lp.geo.tiles;
+  lp.direct = !chunked && rr <= 2 && p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 &&
+              p.v.dtype == DType::kBF16 && vk_direct_pays(lp.blocks);
   return true;
 }
 

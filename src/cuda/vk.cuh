@@ -121,22 +121,47 @@ __device__ __forceinline__ void group_reduce_scatter(float (&x)[N], int j) {
 // One token for the thread's R rows; o as vk_store_token writes it. kLazy: the lazy step
 // (st += (dk / gam) * k, gam_acc = gam), else the literal one (st = gam*st + dk*k, gam_acc = 1),
 // which also folds the factor of earlier lazy steps. Every lane of the warp must call it.
-template <int K, int R, bool kLazy>
-__device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, const StageSmem& sm,
-                                         int t, int j, const float* vrow,
+//
+// kDirectVE > 0 (the direct variant, two rows or fewer, bf16 q/k/v, tile path): q, k and v are
+// read raw from the staging area (lane j's K-elements in the order of its state vectors of
+// kDirectVE elements) instead of converted by stage_convert, and the token's q/k sums for the
+// norms ride along the dot products' all-reduce: no conversion phase and one block barrier
+// instead of two, which is what a latency-bound small grid waits for (docs/performance.md).
+template <int K, int R, bool kLazy, int kDirectVE = 0, typename VIn = float>
+__device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], float& gam_acc,
+                                         const StageSmem& sm, int t, int j, const VIn* vrow,
                                          float (&o)[VkReduce<K, R>::C]) {
   using Rd = VkReduce<K, R>;
   constexpr int E = 16, L = Rd::L, G = kVkThreads / L, C = Rd::C;
+  constexpr bool kDirect = kDirectVE > 0;
+  static_assert(!kDirect || (!Rd::kIssueBound && std::is_same_v<VIn, __nv_bfloat16>));
   const float4* q4 = reinterpret_cast<const float4*>(sm.q + t * K);
   const float4* k4 = reinterpret_cast<const float4*>(sm.k + t * K);
+  // Direct: raw bf16 q_t, k_t (the tile path stages all T tokens: k follows T rows of q).
+  const uint16_t* qr = reinterpret_cast<const uint16_t*>(sm.raw) + t * K;
+  const uint16_t* kr = qr + p.T * K;
   float kv[E];
   float sk[R], sk2[R], sq[R], sq2[R];  // two chains each: half the FMA latency
+  float nrm[3] = {0.f, 0.f, 0.f};      // direct: sum q^2, k^2, q k over the lane's elements
 #pragma unroll
   for (int r = 0; r < R; ++r) sk[r] = sk2[r] = sq[r] = sq2[r] = 0.f;
 #pragma unroll
   for (int m4 = 0; m4 < E / 4; ++m4) {
-    const float4 a = q4[m4 * L + j];
-    const float4 b = k4[m4 * L + j];
+    float4 a, b;
+    if constexpr (kDirect) {
+      constexpr int VE = kDirectVE;
+      const int e0 = ((m4 * 4) / VE) * VE * L + j * VE + (m4 * 4) % VE;
+      const uint2 qa = *reinterpret_cast<const uint2*>(qr + e0);
+      const uint2 ka = *reinterpret_cast<const uint2*>(kr + e0);
+      a = make_float4(bf16_lo(qa.x), bf16_hi(qa.x), bf16_lo(qa.y), bf16_hi(qa.y));
+      b = make_float4(bf16_lo(ka.x), bf16_hi(ka.x), bf16_lo(ka.y), bf16_hi(ka.y));
+      nrm[0] = fmaf(a.x, a.x, fmaf(a.y, a.y, fmaf(a.z, a.z, fmaf(a.w, a.w, nrm[0]))));
+      nrm[1] = fmaf(b.x, b.x, fmaf(b.y, b.y, fmaf(b.z, b.z, fmaf(b.w, b.w, nrm[1]))));
+      nrm[2] = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, nrm[2]))));
+    } else {
+      a = q4[m4 * L + j];
+      b = k4[m4 * L + j];
+    }
     kv[m4 * 4 + 0] = b.x, kv[m4 * 4 + 1] = b.y, kv[m4 * 4 + 2] = b.z, kv[m4 * 4 + 3] = b.w;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -159,7 +184,7 @@ __device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, con
   }
 
   const float4 sc = reinterpret_cast<const float4*>(sm.tok + t * kTokScalars)[0];
-  const float rqs = sc.x, rk = sc.y, kq = sc.z;
+  float rqs = sc.x, rk = sc.y, kq = sc.z;
   const float beta = sm.tok[t * kTokScalars + 4];
   const float gam = gam_acc * sc.w;  // decay since the state in st was last exact
   if constexpr (Rd::kIssueBound) {
@@ -169,7 +194,7 @@ __device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, con
     float d[C];  // delta of local row base + s (meaningful on the lower half only)
 #pragma unroll
     for (int s = 0; s < C; ++s) {
-      const float v = vrow[((base + s) & (R - 1)) * G];
+      const float v = to_f32(vrow[((base + s) & (R - 1)) * G]);
       d[s] = beta * (v - gam * (x[s] * rk));
     }
 #pragma unroll
@@ -203,15 +228,24 @@ __device__ __forceinline__ void vk_token(float (&st)[R][16], float& gam_acc, con
     // All-reduce (row by row, sk and sq interleaved), then per row: delta, o, the literal update.
     static_assert(!kLazy && C == 1);
 #pragma unroll
-    for (int off = L / 2; off > 0; off >>= 1)
+    for (int off = L / 2; off > 0; off >>= 1) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         x[r] += __shfl_xor_sync(0xffffffffu, x[r], off);
         x[R + r] += __shfl_xor_sync(0xffffffffu, x[R + r], off);
       }
+      if constexpr (kDirect) {
+#pragma unroll
+        for (int i = 0; i < 3; ++i) nrm[i] += __shfl_xor_sync(0xffffffffu, nrm[i], off);
+      }
+    }
+    if constexpr (kDirect) {
+      const TokScalars ts = token_scalars(p, nrm[0], nrm[1], nrm[2]);
+      rqs = ts.rqs, rk = ts.rk, kq = ts.kq;
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float delta = beta * (vrow[r * G] - gam * (x[r] * rk));
+      const float delta = beta * (to_f32(vrow[r * G]) - gam * (x[r] * rk));
       const float orow = gam * (x[R + r] * rqs) + delta * kq;
       if (r == 0 || j == r) o[0] = orow;
       const float dk = delta * rk;
@@ -271,13 +305,13 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
 
 // One token of the thread's R rows and its stores; every lane of the warp calls it.
 // kLazy: a token whose state is not stored (vk_lazy_end), output only.
-template <typename S, int K, int R, bool kVec, bool kLazy>
+template <typename S, int K, int R, bool kVec, bool kLazy, int kDirectVE = 0, typename VIn = float>
 __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots, int64_t n,
                                         int64_t hv, int64_t tt, int64_t row, int j,
                                         float (&st)[R][16], float& gam_acc, const StageSmem& sm,
-                                        int t, const float* vrow) {
+                                        int t, const VIn* vrow) {
   float o[VkReduce<K, R>::C];
-  vk_token<K, R, kLazy>(st, gam_acc, sm, t, j, vrow, o);
+  vk_token<K, R, kLazy, kDirectVE>(p, st, gam_acc, sm, t, j, vrow, o);
   vk_store_token<S, K, R, kVec, kLazy>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt), n,
                                        hv, tt, row, j, st, o);
 }
@@ -402,11 +436,12 @@ constexpr int kVkTileMinBlocks = RR == 1   ? GDN_VK_TILE_MIN_BLOCKS_RR1
 // row r lands at piece c ^ (r & 7), so that one piece of eight consecutive rows (an ldmatrix)
 // hits distinct banks, and q, k stay raw bf16 rows (StageSmem::qk16) instead of fp32.
 // while_state_lands() runs after the inputs are converted and before the wait for the state
-// tile (work that needs only the inputs hides under the state's latency).
+// tile (work that needs only the inputs hides under the state's latency). kDirect: no
+// conversion (the direct token loop reads the raw inputs), one barrier after everything landed.
 struct NoWork {
   __device__ void operator()() const {}
 };
-template <typename S, int K, bool kChunked, typename Work = NoWork>
+template <typename S, int K, bool kChunked, typename Work = NoWork, bool kDirect = false>
 __device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& geo,
                                               const StageSmem& sm, S* tile_s, const BlockCoords& bc,
                                               int64_t row0, int RT, WarpSlots& slots,
@@ -454,20 +489,24 @@ __device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& 
   }
 
   stage_gates_store<kVkThreads>(p, sm, T, gates);
-  cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
-  __syncthreads();
-  stage_convert<K, kVkThreads, kChunked>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
-  while_state_lands();
+  if constexpr (!kDirect) {  // direct: the compute threads read the raw inputs
+    cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
+    __syncthreads();
+    stage_convert<K, kVkThreads, kChunked>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
+    while_state_lands();
+  }
   cp_async_wait_group<0>();
-  __syncthreads();  // converted inputs and the state tile visible to every thread
+  __syncthreads();  // (converted) inputs, gates and the state tile visible to every thread
   return true;
 }
 
-template <typename S, int K, int RR>
+// kDirect: the direct variant of vk_token (bf16 q, k, v, host-checked; RR <= 2).
+template <typename S, int K, int RR, bool kDirect = false>
 __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     decode_vk_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
   static_assert(RR == 1 || RR == 2 || RR == 4);
   static_assert(RR <= K / 16, "VkShape: at most L rows per thread");
+  static_assert(!kDirect || RR <= 2);
   using Sh = VkShape<S, K, 1>;
   constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G;
   const int RT = geo.tile_rows;
@@ -487,7 +526,9 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
 
   WarpSlots slots;
-  if (!vk_tile_begin<S, K, false>(p, geo, sm, tile_s, bc, row0, RT, slots)) return;
+  if (!vk_tile_begin<S, K, false, NoWork, kDirect>(p, geo, sm, tile_s, bc, row0, RT, slots)) return;
+  // Direct: raw bf16 v rows [t][RT] after the T rows of q and of k.
+  const __nv_bfloat16* const vraw = reinterpret_cast<const __nv_bfloat16*>(sm.raw) + 2 * T * K;
 
   for (int i = 0; i < RT / G; i += RR) {  // RT is a multiple of G * RR
     const int lr = i * G + group;        // local row of r = 0
@@ -507,8 +548,13 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
           vk_step<S, K, RR, true, true>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
                                         sm.v + t * RT + lr);
       }
-      vk_step<S, K, RR, true, false>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
-                                     sm.v + t * RT + lr);
+      if constexpr (kDirect) {
+        vk_step<S, K, RR, true, false, VE>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
+                                           vraw + t * RT + lr);
+      } else {
+        vk_step<S, K, RR, true, false>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
+                                       sm.v + t * RT + lr);
+      }
     }
   }
 }

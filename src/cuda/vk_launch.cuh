@@ -16,6 +16,10 @@ cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t str
       return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 state only
     }
   }
+  if (lp.tile && lp.direct) {
+    return lp.rows_per_thread == 2 ? launch_tile_kernel<decode_vk_tile_kernel<S, K, 2, true>>(p, lp, stream)
+                                   : launch_tile_kernel<decode_vk_tile_kernel<S, K, 1, true>>(p, lp, stream);
+  }
   if (lp.tile) {
     switch (lp.rows_per_thread) {
       case 4:
