@@ -193,12 +193,16 @@ bool vk_chunk_pays(const Problem& p) {
 // 1024 blocks in two waves, 11.3 us, to 512 in one, 9.1 us).
 // The direct token loop trades the block's conversion phase and one barrier for per-thread
 // q/k norms in every token: a latency saving where an SM holds one or two blocks, extra issue
-// work where it holds more. Measured on the H100 (Qwen3-Next, bf16 q/k/v, docs/performance.md
-// section 4): B = 1 (128 blocks) T = 1 fp32 4.19 -> 3.76 us, bf16 3.84 -> 3.36, T = 4 -4..-5%;
-// B = 4 (512 blocks) T = 4 fp32 +8.5%, B = 16 T = 1 bf16 +3%.
-bool vk_direct_pays(int64_t blocks) {
+// work that grows with the blocks per SM and the tokens. Measured on the H100 (bf16 q/k/v,
+// docs/performance.md section 4): Qwen3-Next B = 1 (128 blocks) T = 1 fp32 4.19 -> 3.76 us,
+// bf16 3.84 -> 3.36, T = 2..6 -2..-9%, T = 8..16 -4..+4%; Qwen3.5 B = 1 (256 blocks) T = 1..2
+// -9..+1%, T >= 3 fp32 without the cache +2..+10%; B = 4 (512 blocks) T = 4 fp32 +8.5%, B = 16
+// T = 1 bf16 +3%. So: at most two blocks per SM, and (blocks per SM, rounded up) x T <= 5.
+bool vk_direct_pays(const Problem& p, int64_t blocks) {
   const int mode = vk_direct_mode();
-  return mode == 2 || (mode == 1 && blocks <= 2 * static_cast<int64_t>(sm_count()));
+  const int64_t sms = sm_count();
+  const int64_t per_sm = (blocks + sms - 1) / sms;
+  return mode == 2 || (mode == 1 && per_sm <= 2 && per_sm * p.T <= 5);
 }
 
 template <typename S>
@@ -260,7 +264,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   lp.geo.tiles = V / rt;
   lp.blocks = p.B * p.HV * lp.geo.tiles;
   lp.direct = !chunked && rr <= 2 && p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 &&
-              p.v.dtype == DType::kBF16 && vk_direct_pays(lp.blocks);
+              p.v.dtype == DType::kBF16 && vk_direct_pays(p, lp.blocks);
   return true;
 }
 
