@@ -187,10 +187,6 @@ bool vk_chunk_pays(const Problem& p) {
   return mode == 1 && p.T >= kChunkMinT && p.B * p.HV >= kChunkMinHeads;
 }
 
-// VK tile path: tile rows a power of two in [G * RR, V], default ~32 KB of state per block,
-// halved while twice the blocks still fit in one wave of GDN_CUDA_TILE_BPS blocks per SM
-// (latency: more, shorter blocks, but never a second wave: B=4 Qwen3-Next fp32 went from
-// 1024 blocks in two waves, 11.3 us, to 512 in one, 9.1 us).
 // The direct token loop trades the block's conversion phase and one barrier for per-thread
 // q/k norms in every token: a latency saving where an SM holds one or two blocks, extra issue
 // work that grows with the blocks per SM and the tokens. Measured on the H100 (bf16 q/k/v,
@@ -205,6 +201,10 @@ bool vk_direct_pays(const Problem& p, int64_t blocks) {
   return mode == 2 || (mode == 1 && per_sm <= 2 && per_sm * p.T <= 5);
 }
 
+// VK tile path: tile rows a power of two in [G * RR, V], default ~32 KB of state per block,
+// halved while twice the blocks still fit in one wave of GDN_CUDA_TILE_BPS blocks per SM
+// (latency: more, shorter blocks, but never a second wave: B=4 Qwen3-Next fp32 went from
+// 1024 blocks in two waves, 11.3 us, to 512 in one, 9.1 us).
 template <typename S>
 bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   const int L = static_cast<int>(p.K / 16);

@@ -527,8 +527,14 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
 
   WarpSlots slots;
   if (!vk_tile_begin<S, K, false, NoWork, kDirect>(p, geo, sm, tile_s, bc, row0, RT, slots)) return;
-  // Direct: raw bf16 v rows [t][RT] after the T rows of q and of k.
-  const __nv_bfloat16* const vraw = reinterpret_cast<const __nv_bfloat16*>(sm.raw) + 2 * T * K;
+  // The tokens' v rows [t][RT]: direct, raw bf16 after the T rows of q and of k; else fp32.
+  const auto* const vbase = [&] {
+    if constexpr (kDirect) {
+      return reinterpret_cast<const __nv_bfloat16*>(sm.raw) + 2 * T * K;
+    } else {
+      return static_cast<const float*>(sm.v);
+    }
+  }();
 
   for (int i = 0; i < RT / G; i += RR) {  // RT is a multiple of G * RR
     const int lr = i * G + group;        // local row of r = 0
@@ -548,13 +554,8 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
           vk_step<S, K, RR, true, true>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
                                         sm.v + t * RT + lr);
       }
-      if constexpr (kDirect) {
-        vk_step<S, K, RR, true, false, VE>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
-                                           vraw + t * RT + lr);
-      } else {
-        vk_step<S, K, RR, true, false>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
-                                       sm.v + t * RT + lr);
-      }
+      vk_step<S, K, RR, true, false, kDirect ? VE : 0>(p, slots, n, hv, t, row0 + lr, j, st,
+                                                      gam_acc, sm, t, vbase + t * RT + lr);
     }
   }
 }
