@@ -54,7 +54,8 @@ bool prefetch_enabled() {
 //   GDN_CUDA_VK_RR=1|2|4      VK rows in registers at once (default 2 at T = 1, else 4;
 //                             halved while the tile rows are not a multiple of G * RR);
 //   GDN_CUDA_TILE_BPS=<n>     small grids: VK tiles halve while the grid still fits in n
-//                             blocks per SM (default 4);
+//                             blocks per SM (default 4; at T = 1 below four rows per thread
+//                             group: one block per SM);
 bool tile_enabled() {
   static const bool v = env_int("GDN_CUDA_TILE", 1) != 0;
   return v;
@@ -223,7 +224,12 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
     // measured slower than 32-row tiles at two (bf16 4.06 -> 3.89 us, Qwen3.5 fp32 5.47 -> 5.26,
     // Qwen3.5 T = 4 7.14 -> 6.07; Qwen3-Next fp32 equal).
     const int min_rows = 2 * G <= V ? 2 * G : G;
-    while (rt > min_rows && heads * (V / rt) * 2 <= want) rt /= 2;
+    // At T = 1, below four rows per thread group only while twice the blocks still fit in one
+    // block per SM: the fixed per-block work (prologue, q/k conversion) counts more than a
+    // second block per SM (Qwen3-Next, us: B = 4 fp32 dense 8.07 -> 7.67, bf16 pool 5.52 ->
+    // 4.72, B = 2 fp32 pool 5.04 -> 4.86; T > 1 mixed, e.g. T = 2 fp32 pool B = 4 +11%).
+    const int64_t want_small = p.T == 1 ? sm_count() : want;
+    while (rt > min_rows && heads * (V / rt) * 2 <= (rt > 4 * G ? want : want_small)) rt /= 2;
   }
   // The chunked form (vk_chunk.cuh): bf16 state and q/k, 2 <= T, only the last state stored.
   bool chunked = false;
