@@ -205,7 +205,7 @@ bool vk_direct_pays(const Problem& p, int64_t blocks) {
 // VK tile path: tile rows a power of two in [G * RR, V], default ~32 KB of state per block,
 // halved while twice the blocks still fit in one wave of GDN_CUDA_TILE_BPS blocks per SM
 // (latency: more, shorter blocks, but never a second wave: B=4 Qwen3-Next fp32 went from
-// 1024 blocks in two waves, 11.3 us, to 512 in one, 9.1 us).
+// 1024 blocks in two waves, 11.3 us, to 512 in one, 9.1 us); at T = 1 see below.
 template <typename S>
 bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   const int L = static_cast<int>(p.K / 16);
