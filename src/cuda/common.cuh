@@ -46,12 +46,15 @@ __device__ __forceinline__ uint32_t load_bits(const void* base, DType dt, int64_
   if (dt == DType::kF32 || dt == DType::kI32) return static_cast<const uint32_t*>(base)[off];
   return static_cast<const uint16_t*>(base)[off];
 }
+// The bf16 in the low / high half of a 32-bit word, as fp32 (exact).
+__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 __device__ __forceinline__ float bits_to_f32(uint32_t u, DType dt) {
   switch (dt) {
     case DType::kF32:
       return __uint_as_float(u);
     case DType::kBF16:
-      return __uint_as_float(u << 16);
+      return bf16_lo(u);
     default:
       return __half2float(__ushort_as_half(static_cast<unsigned short>(u)));
   }
@@ -83,9 +86,6 @@ __device__ __forceinline__ float to_f32(Elem x) {
 // ---------------------------------------------------------------------------------------
 template <typename S>
 constexpr int kVecElems = 16 / static_cast<int>(sizeof(S));
-
-__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 
 __device__ __forceinline__ void unpack2(uint32_t u, __nv_bfloat16*, float* out) {
   out[0] = bf16_lo(u);
@@ -395,6 +395,7 @@ struct StageSmem {
   // k_0..k_{tc-1}, then one zero row, kQk16Pad elements of padding per row so that 8 rows of
   // 16 bytes (one ldmatrix) fall in distinct banks.
   uint16_t* qk16 = nullptr;
+  int chunk = 1;  // tokens per staged chunk (geo.chunk): the rows of raw and of q, k, v, tok
 };
 constexpr int kQk16Pad = 8;
 
@@ -402,11 +403,12 @@ constexpr int kQk16Pad = 8;
 __device__ __forceinline__ StageSmem carve_smem(float* base, int extra, const Geometry& geo,
                                                 int K, int nc) {
   StageSmem s;
+  s.chunk = geo.chunk;
   s.raw = reinterpret_cast<unsigned char*>(base + extra);
   float* f = reinterpret_cast<float*>(s.raw + geo.raw_bytes);
   s.q = f;
-  s.k = s.q + geo.chunk * K;
-  s.tok = s.k + geo.chunk * K;
+  s.k = s.q + s.chunk * K;
+  s.tok = s.k + s.chunk * K;
   s.v = s.tok + geo.chunk * kTokScalars;
   return s;
 }
@@ -464,8 +466,8 @@ __device__ __forceinline__ void stage_issue(const Problem& p, const Geometry& ge
                   (n * p.v.s[0] + t0 * p.v.s[1] + hv * p.v.s[2] + c0) * es;
   const int64_t qt = p.q.s[1] * es, kt = p.k.s[1] * es, vt = p.v.s[1] * es;  // token strides, bytes
   unsigned char* rq = sm.raw;
-  unsigned char* rk = rq + geo.chunk * K * es;
-  unsigned char* rv = rk + geo.chunk * K * es;
+  unsigned char* rk = rq + sm.chunk * K * es;
+  unsigned char* rv = rk + sm.chunk * K * es;
   if (geo.qkv_vec) {
     const int cq = K * es / 16, cv = nc * es / 16;  // 16-byte pieces per row
     const int nq = tc * cq, total = 2 * nq + tc * cv;
@@ -556,8 +558,8 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
   constexpr int kPerLane = K / 32;
   const int lane = threadIdx.x & 31;
   const QK* rq = reinterpret_cast<const QK*>(sm.raw);
-  const QK* rk = rq + geo.chunk * K;
-  const QK* rv = rk + geo.chunk * K;
+  const QK* rk = rq + sm.chunk * K;
+  const QK* rv = rk + sm.chunk * K;
   for (int t = threadIdx.x / 32; t < tc; t += kWarps) {
     float sqq = 0.f, skk = 0.f, sqk = 0.f;
 #pragma unroll

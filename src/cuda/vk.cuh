@@ -137,9 +137,9 @@ __device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], f
   static_assert(!kDirect || (!Rd::kIssueBound && std::is_same_v<VIn, __nv_bfloat16>));
   const float4* q4 = reinterpret_cast<const float4*>(sm.q + t * K);
   const float4* k4 = reinterpret_cast<const float4*>(sm.k + t * K);
-  // Direct: raw bf16 q_t, k_t (the tile path stages all T tokens: k follows T rows of q).
+  // Direct: raw bf16 q_t, k_t (StageSmem::raw).
   const uint16_t* qr = reinterpret_cast<const uint16_t*>(sm.raw) + t * K;
-  const uint16_t* kr = qr + p.T * K;
+  const uint16_t* kr = qr + sm.chunk * K;
   float kv[E];
   float sk[R], sk2[R], sq[R], sq2[R];  // two chains each: half the FMA latency
   float nrm[3] = {0.f, 0.f, 0.f};      // direct: sum q^2, k^2, q k over the lane's elements
@@ -527,10 +527,10 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
 
   WarpSlots slots;
   if (!vk_tile_begin<S, K, false, NoWork, kDirect>(p, geo, sm, tile_s, bc, row0, RT, slots)) return;
-  // The tokens' v rows [t][RT]: direct, raw bf16 after the T rows of q and of k; else fp32.
+  // The tokens' v rows [t][RT]: direct, raw bf16 (StageSmem::raw); else fp32.
   const auto* const vbase = [&] {
     if constexpr (kDirect) {
-      return reinterpret_cast<const __nv_bfloat16*>(sm.raw) + 2 * T * K;
+      return reinterpret_cast<const __nv_bfloat16*>(sm.raw) + 2 * sm.chunk * K;
     } else {
       return static_cast<const float*>(sm.v);
     }

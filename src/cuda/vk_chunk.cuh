@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(kVkThreads, 5)
   unsigned char* const base = reinterpret_cast<unsigned char*>(smem4);
   S* const tile_s = reinterpret_cast<S*>(base);
   StageSmem sm;
+  sm.chunk = geo.chunk;
   sm.raw = base + lay.raw;
   sm.q = sm.k = nullptr;  // not staged: the products use the raw bits (qk16)
   sm.tok = reinterpret_cast<float*>(base + lay.tok);
