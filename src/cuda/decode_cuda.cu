@@ -194,12 +194,14 @@ bool vk_chunk_pays(const Problem& p) {
 // docs/performance.md section 4): Qwen3-Next B = 1 (128 blocks) T = 1 fp32 4.19 -> 3.76 us,
 // bf16 3.84 -> 3.36, T = 2..6 -2..-9%, T = 8..16 -4..+4%; Qwen3.5 B = 1 (256 blocks) T = 1..2
 // -9..+1%, T >= 3 fp32 without the cache +2..+10%; B = 4 (512 blocks) T = 4 fp32 +8.5%, B = 16
-// T = 1 bf16 +3%. So: at most two blocks per SM, and (blocks per SM, rounded up) x T <= 5.
+// T = 1 bf16 +3%. So: one block per SM at any T (the full sweeps at 7504c08, direct, and
+// 6608b0b, converting from T = 6: Qwen3-Next B = 1 T = 6 -3..-6%, T = 8 and 16 with the cache
+// -1..-4%, without it -2..+2%), two blocks per SM up to T = 2.
 bool vk_direct_pays(const Problem& p, int64_t blocks) {
   const int mode = vk_direct_mode();
   const int64_t sms = sm_count();
   const int64_t per_sm = (blocks + sms - 1) / sms;
-  return mode == 2 || (mode == 1 && per_sm <= 2 && per_sm * p.T <= 5);
+  return mode == 2 || (mode == 1 && (per_sm == 1 || (per_sm == 2 && p.T <= 2)));
 }
 
 // VK tile path: tile rows a power of two in [G * RR, V], default ~32 KB of state per block,
