@@ -255,11 +255,16 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   }
   // Rows in registers at once (GDN_CUDA_VK_RR overrides). T > 1: four, which share the q/k
   // reads and overlap four rows' per-token reduction chains (measured against two: +1..+5
-  // points of the floor without the cache, equal with it); T = 1: two (against one, Qwen3-Next
-  // dense: bf16 B=16 16.8 -> 14.8 us, B=64 55.0 -> 52.8, fp32 B=16 28.3 -> 27.1, B=1 equal).
+  // points of the floor without the cache, equal with it); T = 1 in a single wave: two (against
+  // one, Qwen3-Next dense: bf16 B=16 16.8 -> 14.8 us, B=64 55.0 -> 52.8, fp32 B=16 28.3 -> 27.1,
+  // B=1 equal).
+  // At T = 1 on grids of more than one wave (four blocks per SM) four as well (same call,
+  // GDN_CUDA_VK_RR=4 against 2: bf16 B = 64 -0.8..-3.9%, Qwen3-Next dense 52.5 -> 50.5 us,
+  // B >= 256 -0..-1.2%, fp32 within 0.6%; on a single wave, Qwen3-Next bf16 B = 16, +4..+7%).
   // The tile rows must be a multiple of G * rr (rt is a power of two >= G): halve rr until
   // they are, so small-grid tiles fall back to 2 or 1.
-  int rr = p.T > 1 ? 4 : 2;
+  const bool multi_wave = p.B * p.HV * (V / rt) > 4 * static_cast<int64_t>(sm_count());
+  int rr = p.T > 1 || multi_wave ? 4 : 2;
   const int rro = vk_rr_override();
   if (rro == 1 || rro == 2 || rro == 4) rr = rro;
   while (rr > 1 && (rt % (rr * G) != 0 || rr > L)) rr /= 2;
