@@ -409,7 +409,7 @@ __device__ __forceinline__ StageSmem carve_smem(float* base, int extra, const Ge
   s.q = f;
   s.k = s.q + s.chunk * K;
   s.tok = s.k + s.chunk * K;
-  s.v = s.tok + geo.chunk * kTokScalars;
+  s.v = s.tok + s.chunk * kTokScalars;
   return s;
 }
 
