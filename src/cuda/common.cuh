@@ -648,7 +648,7 @@ struct LaunchPlan {
   int threads = 0;
   size_t smem = 0;          // dynamic shared memory bytes
   int rows_per_thread = 1;  // VK only: state rows per thread (1, 2 or 4); tile path: rows
-                            // in registers at once (1 or 2)
+                            // in registers at once (1, 2 or 4)
   bool tile = false;        // shared-memory tile path (16-byte state, all tokens staged)
   bool chunked = false;     // VK: the chunked tile kernel (vk_chunk.cuh) instead of the token loop
   bool direct = false;      // VK tile, rows in registers <= 2: raw bf16 q/k/v, no conversion phase

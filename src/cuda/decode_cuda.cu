@@ -175,6 +175,10 @@ size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp) {
 
 constexpr size_t kTileSmemMax = 200 * 1024;  // under the 227 KB opt-in maximum of sm_90
 
+// One wave of VK tile blocks: their register caps admit four per SM (kVkTileMinBlocks). The
+// rows-per-thread rule and the prefetch rule (every kernel, as measured) use this bound.
+bool one_wave(int64_t blocks) { return blocks <= 4 * static_cast<int64_t>(sm_count()); }
+
 // The chunked kernel's fixed work (product, solve and update phases, each behind a barrier)
 // only pays where the token loop is issue-bound: several tokens and a grid that fills the GPU.
 // Measured on the H100 (Qwen3-Next pool, bf16 state, no cache; docs/performance.md section 4):
@@ -263,8 +267,10 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   // B >= 256 -0..-1.2%, fp32 within 0.6%; on a single wave, Qwen3-Next bf16 B = 16, +4..+7%).
   // The tile rows must be a multiple of G * rr (rt is a power of two >= G): halve rr until
   // they are, so small-grid tiles fall back to 2 or 1.
-  const bool multi_wave = p.B * p.HV * (V / rt) > 4 * static_cast<int64_t>(sm_count());
-  int rr = p.T > 1 || multi_wave ? 4 : 2;
+  lp.geo.tile_rows = rt;
+  lp.geo.tiles = V / rt;
+  lp.blocks = p.B * p.HV * lp.geo.tiles;
+  int rr = p.T > 1 || !one_wave(lp.blocks) ? 4 : 2;
   const int rro = vk_rr_override();
   if (rro == 1 || rro == 2 || rro == 4) rr = rro;
   while (rr > 1 && (rt % (rr * G) != 0 || rr > L)) rr /= 2;
@@ -273,9 +279,6 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   lp.rows_per_thread = rr;
   lp.threads = kVkThreads;
   lp.vec = true;
-  lp.geo.tile_rows = rt;
-  lp.geo.tiles = V / rt;
-  lp.blocks = p.B * p.HV * lp.geo.tiles;
   lp.direct = !chunked && rr <= 2 && p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 &&
               p.v.dtype == DType::kBF16 && vk_direct_pays(p, lp.blocks);
   return true;
@@ -338,7 +341,7 @@ cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
   // Pre-wait prefetching pays only where this grid can become resident while the previous
   // kernel runs, i.e. one wave of small blocks; at large B it only adds instructions (measured:
   // -1 us at B=1, +1..4% at B >= 64; docs/performance.md).
-  plan.geo.prefetch = prefetch_enabled() && plan.blocks <= 4 * static_cast<int64_t>(sm_count());
+  plan.geo.prefetch = prefetch_enabled() && one_wave(plan.blocks);
   return p.layout_kv ? launch_kv<S>(p, plan, stream) : launch_vk<S>(p, plan, stream);
 }
 
