@@ -396,6 +396,13 @@ struct StageSmem {
   // 16 bytes (one ldmatrix) fall in distinct banks.
   uint16_t* qk16 = nullptr;
   int chunk = 1;  // tokens per staged chunk (geo.chunk): the rows of raw and of q, k, v, tok
+
+  // Part 0 (q), 1 (k) or 2 (v) of the raw area, as elements of E (the input dtype, or bytes
+  // with k_elems in bytes): q and k hold chunk rows of k_elems elements each.
+  template <typename E>
+  __device__ __forceinline__ E* raw_part(int part, int k_elems) const {
+    return reinterpret_cast<E*>(raw) + part * chunk * k_elems;
+  }
 };
 constexpr int kQk16Pad = 8;
 
@@ -465,9 +472,9 @@ __device__ __forceinline__ void stage_issue(const Problem& p, const Geometry& ge
   const char* v = static_cast<const char*>(p.v.data) +
                   (n * p.v.s[0] + t0 * p.v.s[1] + hv * p.v.s[2] + c0) * es;
   const int64_t qt = p.q.s[1] * es, kt = p.k.s[1] * es, vt = p.v.s[1] * es;  // token strides, bytes
-  unsigned char* rq = sm.raw;
-  unsigned char* rk = rq + sm.chunk * K * es;
-  unsigned char* rv = rk + sm.chunk * K * es;
+  unsigned char* rq = sm.raw_part<unsigned char>(0, K * es);
+  unsigned char* rk = sm.raw_part<unsigned char>(1, K * es);
+  unsigned char* rv = sm.raw_part<unsigned char>(2, K * es);
   if (geo.qkv_vec) {
     const int cq = K * es / 16, cv = nc * es / 16;  // 16-byte pieces per row
     const int nq = tc * cq, total = 2 * nq + tc * cv;
@@ -557,9 +564,9 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
   constexpr int kWarps = kThreads / 32;
   constexpr int kPerLane = K / 32;
   const int lane = threadIdx.x & 31;
-  const QK* rq = reinterpret_cast<const QK*>(sm.raw);
-  const QK* rk = rq + sm.chunk * K;
-  const QK* rv = rk + sm.chunk * K;
+  const QK* rq = sm.raw_part<const QK>(0, K);
+  const QK* rk = sm.raw_part<const QK>(1, K);
+  const QK* rv = sm.raw_part<const QK>(2, K);
   for (int t = threadIdx.x / 32; t < tc; t += kWarps) {
     float sqq = 0.f, skk = 0.f, sqk = 0.f;
 #pragma unroll

@@ -138,8 +138,8 @@ __device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], f
   const float4* q4 = reinterpret_cast<const float4*>(sm.q + t * K);
   const float4* k4 = reinterpret_cast<const float4*>(sm.k + t * K);
   // Direct: raw bf16 q_t, k_t (StageSmem::raw).
-  const uint16_t* qr = reinterpret_cast<const uint16_t*>(sm.raw) + t * K;
-  const uint16_t* kr = qr + sm.chunk * K;
+  const uint16_t* qr = sm.raw_part<const uint16_t>(0, K) + t * K;
+  const uint16_t* kr = sm.raw_part<const uint16_t>(1, K) + t * K;
   float kv[E];
   float sk[R], sk2[R], sq[R], sq2[R];  // two chains each: half the FMA latency
   float nrm[3] = {0.f, 0.f, 0.f};      // direct: sum q^2, k^2, q k over the lane's elements
@@ -530,7 +530,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   // The tokens' v rows [t][RT]: direct, raw bf16 (StageSmem::raw); else fp32.
   const auto* const vbase = [&] {
     if constexpr (kDirect) {
-      return reinterpret_cast<const __nv_bfloat16*>(sm.raw) + 2 * sm.chunk * K;
+      return sm.raw_part<const __nv_bfloat16>(2, K);
     } else {
       return static_cast<const float*>(sm.v);
     }
