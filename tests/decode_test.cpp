@@ -544,6 +544,28 @@ TEST_P(Decode, VerifyChunkedForm) {
   }
 }
 
+// T = 1, fp32 state, a grid of a few waves: the CUDA VK tile path's fine tiles (vk_fine_tile in
+// src/cuda/decode_cuda.cu: 16 KB of state per block at one row per thread: 64 rows at K = 64,
+// 32 at K = 128, 16 at K = 256). The batch makes the default 32 KB tiles (128, 64, 32 rows at
+// V = 128) more than one wave of four blocks per SM on any GPU of up to 160 SMs, and the fine
+// grid fits the rule's wave bound on the H100. Pool with padding, page-padded strides, fp32 and
+// bf16 outputs.
+TEST_P(Decode, DecodeFp32FineTiles) {
+  GDN_SEED();
+  for (const int64_t K : {64, 128, 256}) {
+    SCOPED_TRACE("K=" + std::to_string(K));
+    Config cfg = base(Addressing::kPool, K == 64 ? 24 : K == 128 ? 12 : 6, 1);
+    cfg.H = 16;
+    cfg.HV = 32;
+    cfg.K = K;
+    cfg.V = 128;
+    cfg.padding = true;
+    cfg.strides = K == 128 ? StrideMode::kPage : StrideMode::kCompact;
+    cfg.out_dtype = K == 64 ? kBFloat16 : kFloat32;
+    run_and_compare(backend(), make_case(cfg, seed + K));
+  }
+}
+
 TEST_P(Decode, Qwen3NextDecodeShape) {
   GDN_SEED();
   Config cfg = base(Addressing::kPool, 8, 1);

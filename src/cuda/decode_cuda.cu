@@ -72,6 +72,12 @@ int vk_rr_override() {
   static const int v = env_int("GDN_CUDA_VK_RR", 0);
   return v;
 }
+//   GDN_CUDA_VK_FINE=0        off: fp32 T = 1 grids of a few waves keep the default tiles
+//                             instead of vk_fine_tile's 16 KB tiles at one row per thread;
+bool vk_fine_enabled() {
+  static const bool v = env_int("GDN_CUDA_VK_FINE", 1) != 0;
+  return v;
+}
 //   GDN_CUDA_VK_CHUNK=0|1|2   T > 1 without stored intermediate states (bf16 state and q/k):
 //                             0 the token loop, 2 the chunked kernel (vk_chunk.cuh) wherever it
 //                             applies, 1 (default) the chunked kernel where it was measured
@@ -175,9 +181,30 @@ size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp) {
 
 constexpr size_t kTileSmemMax = 200 * 1024;  // under the 227 KB opt-in maximum of sm_90
 
-// One wave of VK tile blocks: their register caps admit four per SM (kVkTileMinBlocks). The
-// rows-per-thread rule and the prefetch rule (every kernel, as measured) use this bound.
+// One wave of VK tile blocks: the register caps of two and four rows per thread admit four per
+// SM (kVkTileMinBlocks). The rows-per-thread rule and the prefetch rule (every kernel, as
+// measured) use this bound.
 bool one_wave(int64_t blocks) { return blocks <= 4 * static_cast<int64_t>(sm_count()); }
+
+// fp32 state at T = 1 on a grid of a few waves: tiles of kVkFineTileBytes at one row per thread,
+// whose 64-register cap (kVkTileMinBlocks<1>) admits eight blocks per SM: the same 128 KB in
+// flight per SM as four 32 KB tiles, in pieces half the size, so blocks land, compute and
+// retire at a finer grain. Measured on the H100 (Qwen3-Next, same binary, min of two runs):
+// dense B = 16 26.63 -> 25.68 us, B = 32 49.26 -> 48.42, B = 64 94.20 -> 93.59, pool B = 16
+// 22.06 -> 21.74; B >= 256 +0.1..+0.3% (hence the wave bound); T = 2 mixed (dense B = 16
+// -2.9%, pool B = 64 +1.0%); bf16 state slower everywhere (docs/performance.md section 4).
+// Returns the tile rows, or 0 where the rule does not apply.
+constexpr int kVkFineTileBytes = 16384;
+constexpr int kVkFineMaxWaves = 8;
+template <typename S>
+int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
+  if (!std::is_same_v<S, float> || p.T != 1 || !vk_fine_enabled() || one_wave(default_blocks))
+    return 0;
+  const int rows = kVkFineTileBytes / static_cast<int>(p.K * sizeof(S));
+  if (rows < G || rows > p.V) return 0;
+  const int64_t blocks = p.B * p.HV * (p.V / rows);
+  return blocks <= int64_t{kVkFineMaxWaves} * kVkTileMinBlocks<1> * sm_count() ? rows : 0;
+}
 
 // The chunked kernel's fixed work (product, solve and update phases, each behind a barrier)
 // only pays where the token loop is issue-bound: several tokens and a grid that fills the GPU.
@@ -220,6 +247,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   const int row_bytes = static_cast<int>(p.K * sizeof(S));
   int rt = G;
   const int o = vk_tile_rows_override();
+  bool fine = false;  // vk_fine_tile's tiles, one row per thread
   if (o > 0) {
     while (rt * 2 <= o && rt * 2 <= V) rt *= 2;
   } else {
@@ -236,6 +264,12 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
     // 4.72, B = 2 fp32 pool 5.04 -> 4.86; T > 1 mixed, e.g. T = 2 fp32 pool B = 4 +11%).
     const int64_t want_small = p.T == 1 ? sm_count() : want;
     while (rt > min_rows && heads * (V / rt) * 2 <= (rt > 4 * G ? want : want_small)) rt /= 2;
+    // An explicit rows-per-thread choice (GDN_CUDA_VK_RR) keeps the tiles above.
+    const int f = vk_rr_override() == 0 ? vk_fine_tile<S>(p, heads * (V / rt), G) : 0;
+    if (f > 0) {
+      rt = f;
+      fine = true;
+    }
   }
   // The chunked form (vk_chunk.cuh): bf16 state and q/k, 2 <= T, only the last state stored.
   bool chunked = false;
@@ -270,7 +304,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   lp.geo.tile_rows = rt;
   lp.geo.tiles = V / rt;
   lp.blocks = p.B * p.HV * lp.geo.tiles;
-  int rr = p.T > 1 || !one_wave(lp.blocks) ? 4 : 2;
+  int rr = fine ? 1 : p.T > 1 || !one_wave(lp.blocks) ? 4 : 2;
   const int rro = vk_rr_override();
   if (rro == 1 || rro == 2 || rro == 4) rr = rro;
   while (rr > 1 && (rt % (rr * G) != 0 || rr > L)) rr /= 2;

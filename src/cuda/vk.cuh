@@ -413,8 +413,9 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
 // ---------------------------------------------------------------------------------------
 // Resident blocks per SM the register cap must allow (128 registers per thread; 5 spills
 // 12 bytes at fp32 K=128): 4 blocks x 32 KB tiles = 128 KB of state in flight per SM.
+// RR = 1 (64 registers): 8 blocks x 16 KB tiles, the fp32 T = 1 rule vk_fine_tile (decode_cuda.cu).
 #ifndef GDN_VK_TILE_MIN_BLOCKS_RR1
-#define GDN_VK_TILE_MIN_BLOCKS_RR1 4
+#define GDN_VK_TILE_MIN_BLOCKS_RR1 8
 #endif
 #ifndef GDN_VK_TILE_MIN_BLOCKS_RR2
 #define GDN_VK_TILE_MIN_BLOCKS_RR2 4
