@@ -18,7 +18,8 @@ replay, then the median over --reps replays of replay time / calls (CUDA events)
 ceiling is a 1 GiB torch copy in the same run; floor_us = state bytes (read + write) plus
 inputs and o, over it.
 
-    python3 bench/fla_compare.py [--T 1 2 4] [--B 1 4 16 64 256 512] [--state fp32 bf16] [--json PATH]
+    python3 bench/fla_compare.py [--T 1 2 4] [--B 1 4 16 64 256 512] [--state fp32 bf16] [--out-of-place]
+                                 [--json PATH]
 """
 
 import argparse
@@ -80,10 +81,13 @@ def run_fla(x, state, g=None, beta=None):
                    dt_bias=x["dt_bias"], use_beta_sigmoid_in_kernel=raw, state_v_first=True)
 
 
-def run_gdn(x, state, o, g=None, beta=None):
+def run_gdn(x, state, o, g=None, beta=None, slots=None):
+    """slots: (read_slots, write_slots) into a pool `state`; None: dense, in place."""
     if g is None:
+        rs, ws = slots if slots is not None else (None, None)
         return gdn.decode(x["q"], x["k"], x["v"], state, o, a=x["a"], b=x["b"], A_log=x["A_log"],
-                          dt_bias=x["dt_bias"], layout="VK", scale=SCALE, use_qk_l2norm=True)
+                          dt_bias=x["dt_bias"], layout="VK", scale=SCALE, use_qk_l2norm=True,
+                          read_slots=rs, write_slots=ws)
     return gdn.decode(x["q"], x["k"], x["v"], state, o, g=g, beta=beta, layout="VK", scale=SCALE,
                       use_qk_l2norm=True)
 
@@ -178,8 +182,21 @@ def bench(state_name, T, B, args, l2, tbs, gen):
     gdn_us = time_graph(lambda i: run_gdn(x, states[i % N], o), calls, args.reps)
     del states
     torch.cuda.empty_cache()
-    return {"state": state_name, "T": T, "B": B, "N": N, "calls": calls, "floor_us": round(floor_us, 3),
-            "fla_us": round(fla_us, 3), "gdn_us": round(gdn_us, 3), "fla_over_gdn": round(fla_us / gdn_us, 3)}
+    row = {"state": state_name, "T": T, "B": B, "N": N, "calls": calls, "floor_us": round(floor_us, 3),
+           "fla_us": round(fla_us, 3), "gdn_us": round(gdn_us, 3), "fla_over_gdn": round(fla_us / gdn_us, 3)}
+    if args.out_of_place:
+        # FLA's traffic with gdn's kernel: each call reads slot n of a pool of 2B slots and writes
+        # slot B + n (split read/write slots), so the final state goes to memory other than the
+        # initial one, as FLA's fresh tensor does.
+        pools = [uniform((2 * B, HV, V, K), 0.1732, DTYPES[state_name], gen) for _ in range(N)]
+        rs = torch.arange(B, dtype=torch.int32, device=DEV)
+        slots = (rs, rs + B)
+        row["gdn_oop_us"] = round(time_graph(lambda i: run_gdn(x, pools[i % N], o, slots=slots), calls,
+                                             args.reps), 3)
+        row["fla_over_gdn_oop"] = round(fla_us / row["gdn_oop_us"], 3)
+        del pools
+        torch.cuda.empty_cache()
+    return row
 
 
 def commit():
@@ -204,6 +221,9 @@ def main():
     p.add_argument("--l2-multiple", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write device, versions, copy ceiling, check and rows to this path")
+    p.add_argument("--out-of-place", action="store_true",
+                   help="also time gdn writing the final state to other slots than it reads "
+                        "(FLA's traffic: gdn_oop_us)")
     args = p.parse_args()
     if not torch.cuda.is_available() or not gdn.cuda_available():
         sys.exit("needs a CUDA GPU and gdn built with its CUDA backend")
@@ -227,7 +247,9 @@ def main():
                     r = bench(s, T, B, args, l2, tbs, gen)
                     rows.append(r)
                     print(f"{s:5} {T:2} {B:4} {r['floor_us']:9.2f} {r['fla_us']:9.2f} {r['gdn_us']:9.2f} "
-                          f"{r['fla_over_gdn']:8.2f}", flush=True)
+                          f"{r['fla_over_gdn']:8.2f}" +
+                          (f"  out of place {r['gdn_oop_us']:9.2f} {r['fla_over_gdn_oop']:6.2f}"
+                           if args.out_of_place else ""), flush=True)
     if args.json:
         doc = {"device": device, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
                "triton": triton.__version__, "fla_version": fla_version, "gdn_commit": commit(),
