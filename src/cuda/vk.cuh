@@ -553,7 +553,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
       if constexpr (VkReduce<K, RR>::kIssueBound) {
         for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
           vk_step<S, K, RR, true, true>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
-                                        sm.v + t * RT + lr);
+                                        vbase + t * RT + lr);
       }
       vk_step<S, K, RR, true, false, kDirect ? VE : 0>(p, slots, n, hv, t, row0 + lr, j, st,
                                                       gam_acc, sm, t, vbase + t * RT + lr);
