@@ -83,13 +83,13 @@ def run_fla(x, state, g=None, beta=None):
 
 def run_gdn(x, state, o, g=None, beta=None, slots=None):
     """slots: (read_slots, write_slots) into a pool `state`; None: dense, in place."""
+    rs, ws = slots if slots is not None else (None, None)
     if g is None:
-        rs, ws = slots if slots is not None else (None, None)
         return gdn.decode(x["q"], x["k"], x["v"], state, o, a=x["a"], b=x["b"], A_log=x["A_log"],
                           dt_bias=x["dt_bias"], layout="VK", scale=SCALE, use_qk_l2norm=True,
                           read_slots=rs, write_slots=ws)
     return gdn.decode(x["q"], x["k"], x["v"], state, o, g=g, beta=beta, layout="VK", scale=SCALE,
-                      use_qk_l2norm=True)
+                      use_qk_l2norm=True, read_slots=rs, write_slots=ws)
 
 
 def diff(got, want):
