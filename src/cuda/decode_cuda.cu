@@ -93,6 +93,12 @@ int vk_direct_mode() {
   static const int v = env_int("GDN_CUDA_VK_DIRECT", 1);
   return v;
 }
+//   GDN_CUDA_KV_WIDE=0|1|2    the KV tile kernel's wide variant (kKvTileWideThreads): 0 off,
+//                             2 always, 1 (default) on small grids (kv_tile_threads);
+int kv_wide_mode() {
+  static const int v = env_int("GDN_CUDA_KV_WIDE", 1);
+  return v;
+}
 int tile_blocks_per_sm() {
   static const int v = env_int("GDN_CUDA_TILE_BPS", 4);
   return v;
@@ -318,18 +324,42 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   return true;
 }
 
-template <typename S, int K>
-bool plan_kv_tile_k(const Problem& p, LaunchPlan& lp) {
-  using Sh = KvShape<S, K, kKvTileThreads>;
-  const size_t lead = sizeof(float) * kv_tile_lead_floats<S, K>(p.T > 1);
+// KV tile threads: the wide variant (four times the threads on the same tile) where the grid
+// has at most one tile per SM, i.e. one or two warps per SM would otherwise walk all K rows of
+// their columns. Measured on the H100 (GDN_CUDA_KV_WIDE=2 against 0, both models, fp32 and
+// bf16, dense and pool, T = 1, 2, 4, 8, min of two runs; docs/performance.md section 4): at
+// <= 132 tiles -14..-30% (Qwen3-Next B = 1 fp32 T = 1 5.25 -> 4.53 us, T = 4 9.26 -> 6.85;
+// bf16 T = 1 6.33 -> 4.93, T = 4 14.16 -> 9.92), at two tiles per SM -8..+7%, beyond that
+// +8..+110% (the per-token cross-warp reduction of eight warps outweighs the shorter rows).
+constexpr int64_t kKvWideMaxPerSm = 1;
+template <int K>
+int kv_tile_threads(int64_t blocks) {
+  const int mode = kv_wide_mode();
+  const bool wide = mode == 2 || (mode == 1 && blocks <= kKvWideMaxPerSm * sm_count());
+  return wide ? kKvTileWideThreads<K> : kKvTileThreads;
+}
+
+template <typename S, int K, int NT>
+bool plan_kv_tile_nt(const Problem& p, LaunchPlan& lp) {
+  using Sh = KvShape<S, K, NT>;
+  const size_t lead = sizeof(float) * kv_tile_lead_floats<S, K, NT>(p.T > 1);
   lp.smem = lead + stage_all_tokens(p, Sh::VT, lp);
   if (lp.smem > kTileSmemMax) return false;
   lp.tile = true;
-  lp.threads = Sh::kThreads;
+  lp.threads = NT;
   lp.vec = true;
   lp.geo.tiles = static_cast<int>((p.V + Sh::VT - 1) / Sh::VT);
   lp.blocks = p.B * p.HV * lp.geo.tiles;
   return true;
+}
+
+template <typename S, int K>
+bool plan_kv_tile_k(const Problem& p, LaunchPlan& lp) {
+  using Sh = KvShape<S, K, kKvTileThreads>;  // the tile width does not depend on the threads
+  const int64_t blocks = p.B * p.HV * ((p.V + Sh::VT - 1) / Sh::VT);
+  return kv_tile_threads<K>(blocks) == kKvTileThreads
+             ? plan_kv_tile_nt<S, K, kKvTileThreads>(p, lp)
+             : plan_kv_tile_nt<S, K, kKvTileWideThreads<K>>(p, lp);
 }
 
 template <typename S>

@@ -244,14 +244,19 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
 // work tile for 16-bit states, so the state is never rounded between tokens).
 // ---------------------------------------------------------------------------------------
 constexpr int kKvTileThreads = 64;
+// The wide variant for grids that leave most of the GPU idle (kv_tile_threads, decode_cuda.cu):
+// four times the threads on the same tile, a quarter of the rows per thread (at least four,
+// the unroll of the row loops: K = 64 takes 128 threads).
+template <int K>
+constexpr int kKvTileWideThreads = K >= 128 ? 256 : 128;
 #ifndef GDN_KV_TILE_MIN_BLOCKS
 #define GDN_KV_TILE_MIN_BLOCKS 8
 #endif
 
 // Shared-memory floats of the tile path before the staging area (host and device agree).
-template <typename S, int K>
+template <typename S, int K, int NT>
 __host__ __device__ constexpr int kv_tile_lead_floats(bool work) {
-  using Sh = KvShape<S, K, kKvTileThreads>;
+  using Sh = KvShape<S, K, NT>;
   return Sh::kRedFloats + K * Sh::VT * static_cast<int>(sizeof(S)) / 4 +
          (work && sizeof(S) < 4 ? K * Sh::VT : 0);
 }
@@ -274,11 +279,12 @@ __device__ __forceinline__ void kv_tile_row(const S* tile_s, const float* work, 
   }
 }
 
-template <typename S, int K>
-__global__ void __launch_bounds__(kKvTileThreads, GDN_KV_TILE_MIN_BLOCKS)
+// NT threads: kKvTileThreads, or kKvTileWideThreads<K> (same register cap per thread).
+template <typename S, int K, int NT>
+__global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / NT)
     decode_kv_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
-  using Sh = KvShape<S, K, kKvTileThreads>;
-  constexpr int VE = Sh::VE, LV = Sh::LV, VT = Sh::VT, NT = Sh::kThreads;
+  using Sh = KvShape<S, K, NT>;
+  constexpr int VE = Sh::VE, LV = Sh::LV, VT = Sh::VT;
   constexpr int KGW = Sh::KGW, KG = Sh::KG, RPT = Sh::RPT;
   static_assert(RPT % 4 == 0);
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
@@ -287,8 +293,8 @@ __global__ void __launch_bounds__(kKvTileThreads, GDN_KV_TILE_MIN_BLOCKS)
   extern __shared__ float4 smem4[];
   float* const s_red = reinterpret_cast<float*>(smem4);
   S* const tile_s = reinterpret_cast<S*>(s_red + Sh::kRedFloats);
-  float* const work = s_red + kv_tile_lead_floats<S, K>(false);  // valid only if work_on
-  const StageSmem sm = carve_smem(s_red, kv_tile_lead_floats<S, K>(work_on), geo, K, VT);
+  float* const work = s_red + kv_tile_lead_floats<S, K, NT>(false);  // valid only if work_on
+  const StageSmem sm = carve_smem(s_red, kv_tile_lead_floats<S, K, NT>(work_on), geo, K, VT);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -407,7 +413,10 @@ __global__ void __launch_bounds__(kKvTileThreads, GDN_KV_TILE_MIN_BLOCKS)
 
 template <typename S, int K>
 cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
-  if (lp.tile) return launch_tile_kernel<decode_kv_tile_kernel<S, K>>(p, lp, stream);
+  if (lp.tile)
+    return lp.threads == kKvTileThreads
+               ? launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads>>(p, lp, stream)
+               : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileWideThreads<K>>>(p, lp, stream);
   return lp.vec ? launch_kernel(decode_kv_kernel<S, K, true>, p, lp, stream)
                 : launch_kernel(decode_kv_kernel<S, K, false>, p, lp, stream);
 }
