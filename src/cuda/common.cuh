@@ -659,6 +659,7 @@ struct LaunchPlan {
   bool tile = false;        // shared-memory tile path (16-byte state, all tokens staged)
   bool chunked = false;     // VK: the chunked tile kernel (vk_chunk.cuh) instead of the token loop
   bool direct = false;      // VK tile, rows in registers <= 2: raw bf16 q/k/v, no conversion phase
+  bool kv_wide = false;     // KV tile: the wide variant (KvTileWide, kv_tile_wide)
   bool vec = true;          // 16-byte state accesses allowed
   bool pdl = true;          // programmatic dependent launch attribute
   Geometry geo;

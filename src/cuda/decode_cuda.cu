@@ -93,8 +93,8 @@ int vk_direct_mode() {
   static const int v = env_int("GDN_CUDA_VK_DIRECT", 1);
   return v;
 }
-//   GDN_CUDA_KV_WIDE=0|1|2    the KV tile kernel's wide variant (kKvTileWideThreads): 0 off,
-//                             2 always, 1 (default) on small grids (kv_tile_threads);
+//   GDN_CUDA_KV_WIDE=0|1|2    the KV tile kernel's wide variant (KvTileWide): 0 off,
+//                             2 always, 1 (default) on small grids (kv_tile_wide);
 int kv_wide_mode() {
   static const int v = env_int("GDN_CUDA_KV_WIDE", 1);
   return v;
@@ -324,25 +324,26 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   return true;
 }
 
-// KV tile threads: the wide variant (four times the threads on the same tile) where the grid
-// has at most one tile per SM, i.e. one or two warps per SM would otherwise walk all K rows of
-// their columns. Measured on the H100 (GDN_CUDA_KV_WIDE=2 against 0, both models, fp32 and
-// bf16, dense and pool, T = 1, 2, 4, 8, min of two runs; docs/performance.md section 4): at
-// <= 132 tiles -14..-30% (Qwen3-Next B = 1 fp32 T = 1 5.25 -> 4.53 us, T = 4 9.26 -> 6.85;
-// bf16 T = 1 6.33 -> 4.93, T = 4 14.16 -> 9.92), at two tiles per SM -8..+7%, beyond that
-// +8..+110% (the per-token cross-warp reduction of eight warps outweighs the shorter rows).
-constexpr int64_t kKvWideMaxPerSm = 1;
-template <int K>
-int kv_tile_threads(int64_t blocks) {
+// KV tile: the wide variant (KvTileWide: four rows per thread; fp32 four times the threads,
+// 16-bit half-width tiles with K threads) where the grid of 64-thread tiles leaves SMs with
+// little to do: at most one per SM (fp32) or two (16-bit). Measured on the H100 (GDN_CUDA_KV_WIDE
+// =2 against 0, both models, dense and pool, T = 1, 2, 4, 8, min of two runs; docs/performance.md
+// section 4): fp32 at <= 132 tiles -14..-26% (Qwen3-Next B = 1 T = 1 5.25 -> 4.53 us, T = 4
+// 9.26 -> 6.85), at two per SM -8..+7%, beyond +8..+110% (eight warps' per-token reduction
+// through shared memory outweighs the shorter rows); bf16 at <= 132 tiles -23..-48% (Qwen3-Next
+// B = 1 T = 1 6.33 -> 4.58, T = 4 14.17 -> 8.30), at two per SM -3..-15%, at four +35% at T = 1.
+template <typename S>
+constexpr int64_t kKvWideMaxPerSm = sizeof(S) == 4 ? 1 : 2;
+template <typename S>
+bool kv_tile_wide(int64_t narrow_blocks) {
   const int mode = kv_wide_mode();
-  const bool wide = mode == 2 || (mode == 1 && blocks <= kKvWideMaxPerSm * sm_count());
-  return wide ? kKvTileWideThreads<K> : kKvTileThreads;
+  return mode == 2 || (mode == 1 && narrow_blocks <= kKvWideMaxPerSm<S> * sm_count());
 }
 
-template <typename S, int K, int NT>
+template <typename S, int K, int NT, int LV>
 bool plan_kv_tile_nt(const Problem& p, LaunchPlan& lp) {
-  using Sh = KvShape<S, K, NT>;
-  const size_t lead = sizeof(float) * kv_tile_lead_floats<S, K, NT>(p.T > 1);
+  using Sh = KvShape<S, K, NT, LV>;
+  const size_t lead = sizeof(float) * kv_tile_lead_floats<S, K, NT, LV>(p.T > 1);
   lp.smem = lead + stage_all_tokens(p, Sh::VT, lp);
   if (lp.smem > kTileSmemMax) return false;
   lp.tile = true;
@@ -355,11 +356,11 @@ bool plan_kv_tile_nt(const Problem& p, LaunchPlan& lp) {
 
 template <typename S, int K>
 bool plan_kv_tile_k(const Problem& p, LaunchPlan& lp) {
-  using Sh = KvShape<S, K, kKvTileThreads>;  // the tile width does not depend on the threads
-  const int64_t blocks = p.B * p.HV * ((p.V + Sh::VT - 1) / Sh::VT);
-  return kv_tile_threads<K>(blocks) == kKvTileThreads
-             ? plan_kv_tile_nt<S, K, kKvTileThreads>(p, lp)
-             : plan_kv_tile_nt<S, K, kKvTileWideThreads<K>>(p, lp);
+  using Narrow = KvShape<S, K, kKvTileThreads, 8>;
+  using W = KvTileWide<S, K>;
+  lp.kv_wide = kv_tile_wide<S>(p.B * p.HV * ((p.V + Narrow::VT - 1) / Narrow::VT));
+  return lp.kv_wide ? plan_kv_tile_nt<S, K, W::NT, W::LV>(p, lp)
+                    : plan_kv_tile_nt<S, K, kKvTileThreads, 8>(p, lp);
 }
 
 template <typename S>

@@ -14,10 +14,10 @@
 
 namespace gdn::detail::cuda {
 
-template <typename S, int K, int NTh = (sizeof(S) == 4 ? 128 : 256)>
+template <typename S, int K, int NTh = (sizeof(S) == 4 ? 128 : 256), int LVn = 8>
 struct KvShape {
   static constexpr int VE = kVecElems<S>;
-  static constexpr int LV = 8;                       // lanes along V
+  static constexpr int LV = LVn;                     // lanes along V
   static constexpr int VT = LV * VE;                 // columns per block
   static constexpr int kThreads = NTh;
   static constexpr int NW = kThreads / 32;
@@ -244,19 +244,23 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
 // work tile for 16-bit states, so the state is never rounded between tokens).
 // ---------------------------------------------------------------------------------------
 constexpr int kKvTileThreads = 64;
-// The wide variant for grids that leave most of the GPU idle (kv_tile_threads, decode_cuda.cu):
-// four times the threads on the same tile, a quarter of the rows per thread (at least four,
-// the unroll of the row loops: K = 64 takes 128 threads).
-template <int K>
-constexpr int kKvTileWideThreads = K >= 128 ? 256 : 128;
+// The wide variant for grids that leave most of the GPU idle (kv_tile_wide, decode_cuda.cu):
+// four rows per thread (the unroll of the row loops) instead of K / 8. fp32: four times the
+// threads on the same tile (128 at K = 64). 16-bit: tiles half as wide (four lanes of 16 bytes
+// along V, i.e. 64 bytes of each row: twice the blocks) with K threads.
+template <typename S, int K>
+struct KvTileWide {
+  static constexpr int LV = sizeof(S) == 4 ? 8 : 4;
+  static constexpr int NT = sizeof(S) == 4 ? (K >= 128 ? 256 : 128) : K;
+};
 #ifndef GDN_KV_TILE_MIN_BLOCKS
 #define GDN_KV_TILE_MIN_BLOCKS 8
 #endif
 
 // Shared-memory floats of the tile path before the staging area (host and device agree).
-template <typename S, int K, int NT>
+template <typename S, int K, int NT, int LV>
 __host__ __device__ constexpr int kv_tile_lead_floats(bool work) {
-  using Sh = KvShape<S, K, NT>;
+  using Sh = KvShape<S, K, NT, LV>;
   return Sh::kRedFloats + K * Sh::VT * static_cast<int>(sizeof(S)) / 4 +
          (work && sizeof(S) < 4 ? K * Sh::VT : 0);
 }
@@ -279,11 +283,11 @@ __device__ __forceinline__ void kv_tile_row(const S* tile_s, const float* work, 
   }
 }
 
-// NT threads: kKvTileThreads, or kKvTileWideThreads<K> (same register cap per thread).
-template <typename S, int K, int NT>
+// NT threads and LV lanes along V: kKvTileThreads and 8, or KvTileWide (same register cap).
+template <typename S, int K, int NT, int LVn>
 __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / NT)
     decode_kv_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
-  using Sh = KvShape<S, K, NT>;
+  using Sh = KvShape<S, K, NT, LVn>;
   constexpr int VE = Sh::VE, LV = Sh::LV, VT = Sh::VT;
   constexpr int KGW = Sh::KGW, KG = Sh::KG, RPT = Sh::RPT;
   static_assert(RPT % 4 == 0);
@@ -293,8 +297,8 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   extern __shared__ float4 smem4[];
   float* const s_red = reinterpret_cast<float*>(smem4);
   S* const tile_s = reinterpret_cast<S*>(s_red + Sh::kRedFloats);
-  float* const work = s_red + kv_tile_lead_floats<S, K, NT>(false);  // valid only if work_on
-  const StageSmem sm = carve_smem(s_red, kv_tile_lead_floats<S, K, NT>(work_on), geo, K, VT);
+  float* const work = s_red + kv_tile_lead_floats<S, K, NT, LVn>(false);  // valid only if work_on
+  const StageSmem sm = carve_smem(s_red, kv_tile_lead_floats<S, K, NT, LVn>(work_on), geo, K, VT);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -413,10 +417,10 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
 template <typename S, int K>
 cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+  using W = KvTileWide<S, K>;
   if (lp.tile)
-    return lp.threads == kKvTileThreads
-               ? launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads>>(p, lp, stream)
-               : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileWideThreads<K>>>(p, lp, stream);
+    return lp.kv_wide ? launch_tile_kernel<decode_kv_tile_kernel<S, K, W::NT, W::LV>>(p, lp, stream)
+                      : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads, 8>>(p, lp, stream);
   return lp.vec ? launch_kernel(decode_kv_kernel<S, K, true>, p, lp, stream)
                 : launch_kernel(decode_kv_kernel<S, K, false>, p, lp, stream);
 }
