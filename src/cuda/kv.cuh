@@ -3,9 +3,9 @@
 // A block owns VT = LV * VE consecutive value columns (LV = 8 lanes x one 16-byte vector, a
 // full 128-byte line per state row; LV = 4 in the small-grid 16-bit tile variant, KvTileWide)
 // and all K rows. Its kThreads/LV "k-groups" each hold RPT rows (interleaved: row = i*KG + kg,
-// so a warp instruction reads 32/LV consecutive rows = 512 contiguous bytes of a compact
-// state). Per token: partial dot(S[:, c], k) and dot(S[:, c], q) over the thread's rows, an
-// xor-shuffle over the warp's k-groups, a cross-warp sum through
+// so a warp instruction reads 32/LV consecutive rows, LV * 16 bytes of each). Per token:
+// partial dot(S[:, c], k) and dot(S[:, c], q) over the thread's rows, an xor-shuffle over the
+// warp's k-groups, a cross-warp sum through
 // shared memory (double-buffered by token parity: one __syncthreads per token), then the same
 // rewritten update as VK: delta[c] = beta*(v[c] - g*sk[c]); o[c] = g*sq[c] + delta[c]*kq;
 // S[k, c] = g*S[k, c] + delta[c]*kh[k].
