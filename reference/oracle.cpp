@@ -80,18 +80,20 @@ Row resolve(const DecodeArgs& a, int64_t n, int64_t T, int64_t P) {
   } else {
     read = n;
   }
-  if (read >= P) { row.invalid = true; return row; }
-  if (read < 0) return row;  // padding
+  // Every slot the row names is range-checked, a padding row's too (semantics section 3).
+  bool bad = read >= P;
   std::vector<int64_t> w(T, -1);
   if (per_token) {
     for (int64_t t = 0; t < T; ++t) {
       w[t] = get_index(a.token_slots, {n, t});
-      if (w[t] >= P) { row.invalid = true; return row; }
+      bad = bad || w[t] >= P;
     }
   } else {
     w[T - 1] = a.write_slots.defined() ? get_index(a.write_slots, {n}) : read;
-    if (w[T - 1] >= P) { row.invalid = true; return row; }
+    bad = bad || w[T - 1] >= P;
   }
+  if (bad) { row.invalid = true; return row; }
+  if (read < 0) return row;  // padding
   row.valid = true;
   row.read = read;
   if (a.update_state) row.write = w;  // negative entries: not stored
@@ -107,7 +109,7 @@ Status decode(const DecodeArgs& a) {
     return Status(StatusCode::kNotSupported, "the oracle runs on host (kDLCPU) tensors only");
   const int64_t B = a.q.shape[0], T = a.q.shape[1], H = a.q.shape[2], K = a.q.shape[3];
   const int64_t HV = a.v.shape[2], V = a.v.shape[3], P = a.state.shape[0];
-  const bool kv = a.layout == StateLayout::kKV;
+  const bool kv = *a.layout == StateLayout::kKV;
   const bool raw = a.a.defined();
   const double scale = a.scale.has_value() ? static_cast<double>(*a.scale) : 1.0 / std::sqrt(static_cast<double>(K));
 

@@ -1,22 +1,33 @@
 // Host-side validation (docs/semantics.md section 4): every argument is checked before any
-// backend touches memory, and the validated call is flattened into a detail::Problem.
-// can_implement and decode share this one function, so they always agree.
+// backend touches memory, and the validated call is flattened into a detail::Problem (or a
+// FusedProblem). can_implement, decode and fused_decode share these functions, so they always
+// agree; both operations share the checks of the recurrence step (check_step).
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "check.h"
+#include "overlap.h"
 
 namespace gdn::detail {
 namespace {
 
 std::string dtype_name(DLDataType t) {
-  if (t.lanes != 1) return "vector dtype";
+  std::string lanes;  // (built in steps: GCC 12 warns falsely on "x" + std::string)
+  if (t.lanes != 1) lanes.append("x").append(std::to_string(t.lanes));
   switch (t.code) {
-    case kDLFloat: return t.bits == 32 ? "float32" : t.bits == 16 ? "float16" : t.bits == 64 ? "float64" : "float?";
-    case kDLBfloat: return t.bits == 16 ? "bfloat16" : "bfloat?";
-    case kDLInt: return "int" + std::to_string(t.bits);
-    case kDLUInt: return "uint" + std::to_string(t.bits);
-    default: return "dtype code " + std::to_string(t.code);
+    case kDLFloat:
+      return (t.bits == 32 ? "float32" : t.bits == 16 ? "float16" : t.bits == 64 ? "float64"
+                                                                   : "float" + std::to_string(t.bits)) + lanes;
+    case kDLBfloat: return "bfloat" + std::to_string(t.bits) + lanes;
+    case kDLInt: return "int" + std::to_string(t.bits) + lanes;
+    case kDLUInt: return "uint" + std::to_string(t.bits) + lanes;
+    case kDLComplex: return "complex" + std::to_string(t.bits) + lanes;
+    case 6: return "bool" + lanes;  // kDLBool in DLPack >= 0.8
+    case kDLOpaqueHandle: return "an opaque or unsupported dtype";
+    default: return "an unsupported dtype (DLPack type code " + std::to_string(t.code) + ", " +
+                    std::to_string(t.bits) + " bits)";
   }
 }
 
@@ -36,7 +47,15 @@ bool float_dtype(DLDataType t, DType* out) {
   return false;
 }
 
+bool is_empty(const TensorView& t) {
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.shape[i] == 0) return true;
+  return false;
+}
+
 Status invalid(std::string msg) { return Status(StatusCode::kInvalidArgument, std::move(msg)); }
+
+constexpr const char* kFloats = "bfloat16, float16 or float32";
 
 // Collects the first failure; later checks are skipped once one fails.
 struct Checker {
@@ -46,6 +65,9 @@ struct Checker {
     if (ok()) status = invalid(std::move(msg));
   }
 
+  void required(const TensorView& t, const char* name, const char* why = "") {
+    if (ok() && !t.defined()) fail(std::string(name) + " is required" + why + " but was not given");
+  }
   void rank(const TensorView& t, const char* name, int r, const char* dims) {
     if (ok() && t.ndim != r)
       fail(std::string(name) + " must have rank " + std::to_string(r) + " " + dims + ", got rank " +
@@ -56,8 +78,13 @@ struct Checker {
       fail(std::string(name) + ".shape[" + std::to_string(i) + "] must be " + what + " = " +
            std::to_string(want) + ", got " + std::to_string(t.shape[i]) + " (shape " + shape_str(t) + ")");
   }
+  void nonneg(int64_t x, const std::string& what) {
+    if (ok() && x < 0) fail(what + " must be >= 0, got " + std::to_string(x));
+  }
+  // Only the state, the intermediate caches and o must be contiguous along their last dim
+  // (the backends store 16-byte vectors there); an empty view is exempt, whatever its strides.
   void inner_stride(const TensorView& t, const char* name, const char* why) {
-    if (ok() && t.ndim > 0 && t.strides[t.ndim - 1] != 1)
+    if (ok() && t.ndim > 0 && !is_empty(t) && t.strides[t.ndim - 1] != 1)
       fail(std::string(name) + ".stride[" + std::to_string(t.ndim - 1) + "] must be 1" + why + ", got " +
            std::to_string(t.strides[t.ndim - 1]));
   }
@@ -82,28 +109,9 @@ struct Checker {
            ", id " + std::to_string(t.device.device_id));
   }
   void nonnull(const TensorView& t, const char* name) {
-    if (ok() && t.data == nullptr && t.numel() > 0) fail(std::string(name) + " has a null data pointer");
+    if (ok() && t.data == nullptr && !is_empty(t)) fail(std::string(name) + " has a null data pointer");
   }
 };
-
-// Byte range [lo, hi) that a view can touch; used for the overlap checks.
-void byte_extent(const TensorView& t, int elsize, uintptr_t* lo, uintptr_t* hi) {
-  int64_t min_off = 0, max_off = 0;
-  for (int i = 0; i < t.ndim; ++i) {
-    if (t.shape[i] == 0) { *lo = *hi = reinterpret_cast<uintptr_t>(t.data); return; }
-    int64_t span = (t.shape[i] - 1) * t.strides[i];
-    (span < 0 ? min_off : max_off) += span;
-  }
-  *lo = reinterpret_cast<uintptr_t>(t.data) + min_off * elsize;
-  *hi = reinterpret_cast<uintptr_t>(t.data) + (max_off + 1) * elsize;
-}
-
-bool overlaps(const TensorView& x, int xs, const TensorView& y, int ys) {
-  uintptr_t a0, a1, b0, b1;
-  byte_extent(x, xs, &a0, &a1);
-  byte_extent(y, ys, &b0, &b1);
-  return a0 < b1 && b0 < a1;
-}
 
 void copy_strides(const TensorView& t, Ptr* p, int n) {
   for (int i = 0; i < n && i < t.ndim; ++i) p->s[i] = t.strides[i];
@@ -111,58 +119,101 @@ void copy_strides(const TensorView& t, Ptr* p, int n) {
 
 bool supported_dim(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
-}  // namespace
+// One tensor of the call for the memory checks.
+struct Mem {
+  const TensorView* t = nullptr;
+  const char* name = "";
+  bool written = false;
+  bool first_only = false;  // only element 0 is ever touched (error_count)
+};
 
-Status build_problem(const DecodeArgs& args, Problem* out) {
-  Checker c;
-  Problem p;
-
-  // Required tensors.
-  const struct { const TensorView* t; const char* name; } required[] = {
-      {&args.q, "q"}, {&args.k, "k"}, {&args.v, "v"}, {&args.state, "state"}, {&args.o, "o"}};
-  for (auto& r : required)
-    if (c.ok() && !r.t->defined()) c.fail(std::string(r.name) + " is required but was not given");
-  if (!c.ok()) return c.status;
-
-  const DLDevice dev = args.state.device;
-  if (dev.device_type != kDLCPU && dev.device_type != kDLCUDA)
-    return invalid("state must be on a CPU (kDLCPU) or CUDA (kDLCUDA) device, got device type " +
-                   std::to_string(dev.device_type));
-
-  // Shapes: q fixes B, T, H, K; v fixes HV, V.
-  c.rank(args.q, "q", 4, "[B, T, H, K]");
-  c.rank(args.k, "k", 4, "[B, T, H, K]");
-  c.rank(args.v, "v", 4, "[B, T, HV, V]");
-  c.rank(args.o, "o", 4, "[B, T, HV, V]");
-  const bool kv = args.layout == StateLayout::kKV;
-  if (c.ok() && args.layout != StateLayout::kVK && !kv) c.fail("layout must be StateLayout::kVK or kKV");
-  c.rank(args.state, "state", 4, kv ? "[P, HV, K, V] (layout KV)" : "[P, HV, V, K] (layout VK)");
-  if (!c.ok()) return c.status;
-
-  p.B = args.q.shape[0];
-  p.T = args.q.shape[1];
-  p.H = args.q.shape[2];
-  p.K = args.q.shape[3];
-  p.HV = args.v.shape[2];
-  p.V = args.v.shape[3];
-  p.P = args.state.shape[0];
-  for (int i = 0; i < 4; ++i) {
-    static const char* kQk[] = {"B", "T", "H", "K"};
-    c.dim(args.k, "k", i, args.q.shape[i], kQk[i]);
+// The tensors of one call, in a fixed array: a successful call allocates nothing.
+struct MemList {
+  static constexpr int kMax = 24;
+  Mem m[kMax];
+  int n = 0;
+  void add(const TensorView& t, const char* name, bool written, bool first = false) {
+    if (t.defined() && n < kMax) m[n++] = Mem{&t, name, written, first};
   }
-  c.dim(args.v, "v", 0, p.B, "B");
-  c.dim(args.v, "v", 1, p.T, "T");
+};
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(p));
+  return buf;
+}
+
+const char* overlap_why(Overlap o) {
+  return o == Overlap::kYes ? " (their memory shares bytes)"
+                            : " (their byte ranges intersect and the layouts are too irregular to prove "
+                              "them disjoint)";
+}
+
+// Alignment, representable byte ranges, and the overlap rules: a written tensor shares no byte
+// with any other tensor of the call, and no two of its elements share a byte.
+Status check_memory(const MemList& all) {
+  Footprint fp[MemList::kMax];
+  for (int i = 0; i < all.n; ++i) {
+    const TensorView& t = *all.m[i].t;
+    const int64_t es = t.dtype.bits / 8;
+    if (is_empty(t)) {
+      fp[i] = Footprint{};
+      fp[i].empty = true;
+      continue;
+    }
+    if (reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(es) != 0)
+      return invalid(std::string(all.m[i].name) + " data pointer must be aligned to its element size (" +
+                     std::to_string(es) + " bytes), got address " + hex(t.data));
+    if (all.m[i].first_only) {
+      fp[i] = first_element(t, es);
+    } else if (!footprint(t, es, &fp[i])) {
+      return invalid(std::string(all.m[i].name) + " shape " + shape_str(t) +
+                     " with its strides reaches outside the 64-bit address space (size arithmetic overflows)");
+    }
+  }
+  for (int i = 0; i < all.n; ++i) {
+    if (!all.m[i].written) continue;
+    if (const Overlap o = self_overlaps(fp[i]); o != Overlap::kNo)
+      return invalid(std::string(all.m[i].name) + " must not overlap itself: two of its elements may not share "
+                     "bytes, since gdn writes it" + overlap_why(o));
+    for (int j = 0; j < all.n; ++j) {
+      if (j == i || (all.m[j].written && j < i)) continue;  // each written pair once
+      if (const Overlap o = overlaps(fp[i], fp[j]); o != Overlap::kNo)
+        return invalid(std::string(all.m[i].name) + " must not overlap " + all.m[j].name + overlap_why(o));
+    }
+  }
+  return Status::Ok();
+}
+
+// The tensors of StepArgs for the memory checks (absent ones are skipped).
+void step_memory(const StepArgs& a, MemList& m) {
+  m.add(a.o, "o", true);
+  m.add(a.state, "state", a.update_state);
+  m.add(a.inter, "inter", true);
+  m.add(a.error_count, "error_count", true, true);
+  m.add(a.a, "a", false);
+  m.add(a.b, "b", false);
+  m.add(a.A_log, "A_log", false);
+  m.add(a.dt_bias, "dt_bias", false);
+  m.add(a.g, "g", false);
+  m.add(a.beta, "beta", false);
+  m.add(a.read_slots, "read_slots", false);
+  m.add(a.write_slots, "write_slots", false);
+  m.add(a.token_slots, "token_slots", false);
+  m.add(a.num_accepted, "num_accepted", false);
+}
+
+// Checks of the recurrence step shared by decode and fused_decode: everything of StepArgs.
+// The caller has set p.B, p.T, p.H, p.HV, p.K, p.V (from q and v, or from mixed_qkv and the
+// state) and checked the state's rank; this fills the rest of `p` except q, k, v.
+void check_step(const StepArgs& args, Problem& p, Checker& c) {
+  const bool kv = *args.layout == StateLayout::kKV;
+  p.P = args.state.shape[0];
+  c.nonneg(p.P, "state.shape[0] (P)");
   c.dim(args.o, "o", 0, p.B, "B");
   c.dim(args.o, "o", 1, p.T, "T");
   c.dim(args.o, "o", 2, p.HV, "HV");
   c.dim(args.o, "o", 3, p.V, "V");
-  if (!c.ok()) return c.status;
-  if (p.T < 1) return invalid("q.shape[1] (T) must be >= 1, got " + std::to_string(p.T));
-  if (p.H < 1 || p.HV < 1 || p.HV % p.H != 0)
-    return invalid("v.shape[2] (HV = " + std::to_string(p.HV) + ") must be a positive multiple of q.shape[2] (H = " +
-                   std::to_string(p.H) + ")");
-  if (!supported_dim(p.K)) return invalid("q.shape[3] (K) must be 64, 128 or 256, got " + std::to_string(p.K));
-  if (!supported_dim(p.V)) return invalid("v.shape[3] (V) must be 64, 128 or 256, got " + std::to_string(p.V));
   p.layout_kv = kv;
   p.rows = kv ? p.K : p.V;
   p.cols = kv ? p.V : p.K;
@@ -170,20 +221,8 @@ Status build_problem(const DecodeArgs& args, Problem* out) {
   c.dim(args.state, "state", 2, p.rows, kv ? "K" : "V");
   c.dim(args.state, "state", 3, p.cols, kv ? "V" : "K");
 
-  // Dtypes.
-  c.float_type(args.q, "q", &p.q.dtype, true, "bfloat16, float16 or float32");
-  c.float_type(args.k, "k", &p.k.dtype, true, "bfloat16, float16 or float32");
-  c.float_type(args.v, "v", &p.v.dtype, true, "bfloat16, float16 or float32");
-  if (c.ok() && (p.k.dtype != p.q.dtype || p.v.dtype != p.q.dtype))
-    c.fail("q, k and v must share one dtype, got q " + dtype_name(args.q.dtype) + ", k " + dtype_name(args.k.dtype) +
-           ", v " + dtype_name(args.v.dtype));
   c.float_type(args.state, "state", &p.state.dtype, true, "float32, bfloat16 or float16");
   c.float_type(args.o, "o", &p.o.dtype, true, "float32, bfloat16 or float16");
-
-  // Innermost strides: the backends read q, k, v, o and state rows as contiguous vectors.
-  c.inner_stride(args.q, "q", "");
-  c.inner_stride(args.k, "k", "");
-  c.inner_stride(args.v, "v", "");
   c.inner_stride(args.o, "o", "");
   c.inner_stride(args.state, "state", kv ? " for layout KV" : " for layout VK");
 
@@ -215,8 +254,8 @@ Status build_problem(const DecodeArgs& args, Problem* out) {
     copy_strides(t, dst, 1);
   };
   if (raw_any) {
-    gate3(args.a, "a", &p.a, true, "bfloat16, float16 or float32");
-    gate3(args.b, "b", &p.b, true, "bfloat16, float16 or float32");
+    gate3(args.a, "a", &p.a, true, kFloats);
+    gate3(args.b, "b", &p.b, true, kFloats);
     head_vec(args.A_log, "A_log", &p.A_log, false, "float32");
     head_vec(args.dt_bias, "dt_bias", &p.dt_bias, true, "float32, bfloat16 or float16");
   } else {
@@ -278,37 +317,11 @@ Status build_problem(const DecodeArgs& args, Problem* out) {
       c.fail("error_count dtype must be int32, got " + dtype_name(args.error_count.dtype));
   }
 
-  // One device for everything.
-  const struct { const TensorView* t; const char* name; } all[] = {
-      {&args.q, "q"}, {&args.k, "k"}, {&args.v, "v"}, {&args.o, "o"}, {&args.a, "a"}, {&args.b, "b"},
-      {&args.A_log, "A_log"}, {&args.dt_bias, "dt_bias"}, {&args.g, "g"}, {&args.beta, "beta"},
-      {&args.read_slots, "read_slots"}, {&args.write_slots, "write_slots"}, {&args.token_slots, "token_slots"},
-      {&args.num_accepted, "num_accepted"}, {&args.inter, "inter"}, {&args.error_count, "error_count"}};
-  for (auto& a : all)
-    if (a.t->defined()) {
-      c.device(*a.t, a.name, dev);
-      c.nonnull(*a.t, a.name);
-    }
-  c.nonnull(args.state, "state");
-  if (!c.ok()) return c.status;
+  if (c.ok() && args.scale.has_value() && !std::isfinite(*args.scale))
+    c.fail("scale must be finite, got " + std::to_string(*args.scale));
+  if (!c.ok()) return;
 
-  // Outputs must not alias the state: the backends read the state while writing them.
-  const int ssz = dtype_size(p.state.dtype);
-  if (overlaps(args.o, dtype_size(p.o.dtype), args.state, ssz))
-    return invalid("o must not overlap state (their byte ranges intersect)");
-  if (args.inter.defined() && overlaps(args.inter, ssz, args.state, ssz))
-    return invalid("inter must not overlap state (their byte ranges intersect)");
-
-  if (args.scale.has_value() && !std::isfinite(*args.scale))
-    return invalid("scale must be finite, got " + std::to_string(*args.scale));
   p.scale = args.scale.has_value() ? *args.scale : 1.0f / std::sqrt(static_cast<float>(p.K));
-
-  p.q.data = args.q.data;
-  copy_strides(args.q, &p.q, 3);
-  p.k.data = args.k.data;
-  copy_strides(args.k, &p.k, 3);
-  p.v.data = args.v.data;
-  copy_strides(args.v, &p.v, 3);
   p.o.data = args.o.data;
   copy_strides(args.o, &p.o, 3);
   p.state.data = args.state.data;
@@ -319,10 +332,119 @@ Status build_problem(const DecodeArgs& args, Problem* out) {
     copy_strides(args.inter, &p.inter, 4);
   }
   p.error_count = args.error_count.defined() ? static_cast<int*>(args.error_count.data) : nullptr;
-  p.device_id = dev.device_id;
+  p.device_id = args.state.device.device_id;
   p.use_qk_l2norm = args.use_qk_l2norm;
   p.update_state = args.update_state;
   p.check_duplicate_writes = args.check_duplicate_writes;
+}
+
+// Devices and null pointers of the StepArgs tensors plus `extra` (e.g. q, k, v).
+void check_devices(const StepArgs& args, const MemList& extra, Checker& c) {
+  const DLDevice dev = args.state.device;
+  const struct { const TensorView* t; const char* name; } all[] = {
+      {&args.o, "o"}, {&args.a, "a"}, {&args.b, "b"}, {&args.A_log, "A_log"}, {&args.dt_bias, "dt_bias"},
+      {&args.g, "g"}, {&args.beta, "beta"}, {&args.read_slots, "read_slots"}, {&args.write_slots, "write_slots"},
+      {&args.token_slots, "token_slots"}, {&args.num_accepted, "num_accepted"}, {&args.inter, "inter"},
+      {&args.error_count, "error_count"}};
+  for (int i = 0; i < extra.n; ++i) {
+    c.device(*extra.m[i].t, extra.m[i].name, dev);
+    c.nonnull(*extra.m[i].t, extra.m[i].name);
+  }
+  for (auto& a : all)
+    if (a.t->defined()) {
+      c.device(*a.t, a.name, dev);
+      c.nonnull(*a.t, a.name);
+    }
+  c.nonnull(args.state, "state");
+}
+
+// The common opening: required tensors, the layout, the state's device and rank.
+void check_opening(const StepArgs& args, Checker& c) {
+  c.required(args.state, "state");
+  c.required(args.o, "o");
+  if (c.ok() && !args.layout.has_value())
+    c.fail("layout is required: StateLayout::kVK ([P, HV, V, K], K contiguous) or StateLayout::kKV "
+           "([P, HV, K, V], V contiguous); the two have the same shape when K == V, so gdn never guesses");
+  if (c.ok() && *args.layout != StateLayout::kVK && *args.layout != StateLayout::kKV)
+    c.fail("layout must be StateLayout::kVK or StateLayout::kKV, got " + std::to_string(static_cast<int>(*args.layout)));
+  if (!c.ok()) return;
+  const DLDevice dev = args.state.device;
+  if (dev.device_type != kDLCPU && dev.device_type != kDLCUDA)
+    c.fail("state must be on a CPU (kDLCPU) or CUDA (kDLCUDA) device, got device type " +
+           std::to_string(dev.device_type));
+  const bool kv = *args.layout == StateLayout::kKV;
+  c.rank(args.o, "o", 4, "[B, T, HV, V]");
+  c.rank(args.state, "state", 4, kv ? "[P, HV, K, V] (layout KV)" : "[P, HV, V, K] (layout VK)");
+}
+
+// H, HV, K, V once they are known: the GVA rule and the supported head dims.
+void check_heads(const Problem& p, Checker& c, const char* hsrc, const char* ksrc, const char* vsrc) {
+  if (c.ok() && (p.H < 1 || p.HV < 1 || p.HV % p.H != 0))
+    c.fail(std::string("v.shape[2] (HV = ") + std::to_string(p.HV) + ") must be a positive multiple of " + hsrc +
+           " (H = " + std::to_string(p.H) + ")");
+  if (c.ok() && !supported_dim(p.K))
+    c.fail(std::string(ksrc) + " (K) must be 64, 128 or 256, got " + std::to_string(p.K));
+  if (c.ok() && !supported_dim(p.V))
+    c.fail(std::string(vsrc) + " (V) must be 64, 128 or 256, got " + std::to_string(p.V));
+}
+
+}  // namespace
+
+Status build_problem(const DecodeArgs& args, Problem* out) {
+  Checker c;
+  Problem p;
+  c.required(args.q, "q");
+  c.required(args.k, "k");
+  c.required(args.v, "v");
+  check_opening(args, c);
+  c.rank(args.q, "q", 4, "[B, T, H, K]");
+  c.rank(args.k, "k", 4, "[B, T, H, K]");
+  c.rank(args.v, "v", 4, "[B, T, HV, V]");
+  if (!c.ok()) return c.status;
+
+  // Shapes: q fixes B, T, H, K; v fixes HV, V.
+  p.B = args.q.shape[0];
+  p.T = args.q.shape[1];
+  p.H = args.q.shape[2];
+  p.K = args.q.shape[3];
+  p.HV = args.v.shape[2];
+  p.V = args.v.shape[3];
+  c.nonneg(p.B, "q.shape[0] (B)");
+  for (int i = 0; i < 4; ++i) {
+    static const char* kQk[] = {"B", "T", "H", "K"};
+    c.dim(args.k, "k", i, args.q.shape[i], kQk[i]);
+  }
+  c.dim(args.v, "v", 0, p.B, "B");
+  c.dim(args.v, "v", 1, p.T, "T");
+  if (c.ok() && p.T < 1) c.fail("q.shape[1] (T) must be >= 1, got " + std::to_string(p.T));
+  check_heads(p, c, "q.shape[2]", "q.shape[3]", "v.shape[3]");
+  if (!c.ok()) return c.status;
+
+  c.float_type(args.q, "q", &p.q.dtype, true, kFloats);
+  c.float_type(args.k, "k", &p.k.dtype, true, kFloats);
+  c.float_type(args.v, "v", &p.v.dtype, true, kFloats);
+  if (c.ok() && (p.k.dtype != p.q.dtype || p.v.dtype != p.q.dtype))
+    c.fail("q, k and v must share one dtype, got q " + dtype_name(args.q.dtype) + ", k " + dtype_name(args.k.dtype) +
+           ", v " + dtype_name(args.v.dtype));
+  check_step(args, p, c);
+  MemList qkv;
+  qkv.add(args.q, "q", false);
+  qkv.add(args.k, "k", false);
+  qkv.add(args.v, "v", false);
+  check_devices(args, qkv, c);
+  if (!c.ok()) return c.status;
+
+  MemList mem;
+  step_memory(args, mem);
+  for (int i = 0; i < qkv.n; ++i) mem.m[mem.n++] = qkv.m[i];
+  if (Status s = check_memory(mem); !s.ok()) return s;
+
+  p.q.data = args.q.data;
+  copy_strides(args.q, &p.q, 4);
+  p.k.data = args.k.data;
+  copy_strides(args.k, &p.k, 4);
+  p.v.data = args.v.data;
+  copy_strides(args.v, &p.v, 4);
   *out = p;
   return Status::Ok();
 }

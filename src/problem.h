@@ -26,7 +26,9 @@ struct Ptr {
 struct Problem {
   int64_t B = 0, T = 0, H = 0, HV = 0, K = 0, V = 0, P = 0;
 
-  // q, k: [B, T, H, K]; v: [B, T, HV, V]; s[0..2] = b, t, head strides, innermost is 1.
+  // q, k: [B, T, H, K]; v: [B, T, HV, V]; s[0..2] = b, t, head strides, s[3] the innermost
+  // (1 on the fast path; any value is read element by element). In a fused problem they are
+  // the views of mixed_qkv's q, k and v parts (the conv inputs), never read as the step's q, k, v.
   Ptr q, k, v;
   // Gates: [B, T, HV], s[0..2]. raw_gates: a, b, A_log[HV] (s[0]), dt_bias[HV] (s[0]);
   // else g (fp32), beta.
@@ -55,6 +57,24 @@ struct Problem {
   bool check_duplicate_writes = false;
 };
 
+// The fused layer step (gdn::fused_decode): the recurrence's Problem plus the conv update and
+// the gated norm (docs/semantics.md section 7). step.q, step.k, step.v view mixed_qkv's parts
+// (the conv inputs of the newest token); the backends compute the step's q, k, v from the conv.
+struct FusedProblem {
+  Problem step;
+  int64_t D = 0;  // conv channels: 2*H*K + HV*V, in the order q | k | v
+  int64_t W = 0;  // conv taps, 2..4
+  int64_t L = 0;  // conv-state columns, >= W - 1; column L - 1 is the newest input
+  Ptr x;            // mixed_qkv [B, T, D]: s[0] b, s[1] t, s[2] d
+  Ptr conv_weight;  // [D, W]: s[0] d, s[1] w
+  Ptr conv_bias;    // [D]: s[0]; data null when absent
+  Ptr conv_state;   // [P, D, L]: s[0] slot, s[1] d, s[2] column
+  Ptr conv_inter;   // [B, T, D, L]: s[0] b, s[1] t, s[2] d, s[3] column; data null when absent
+  Ptr norm_weight;  // [V]: s[0]; data null when absent (no norm)
+  Ptr z;            // [B, T, HV, V]: s[0..3]; data null when absent (no gate)
+  float norm_eps = 1e-6f;
+};
+
 GDN_HD int64_t load_index(const Ptr& p, int64_t offset) {
   return p.dtype == DType::kI64 ? static_cast<const int64_t*>(p.data)[offset]
                                 : static_cast<int64_t>(static_cast<const int32_t*>(p.data)[offset]);
@@ -64,7 +84,8 @@ GDN_HD int64_t load_index(const Ptr& p, int64_t offset) {
 struct RowSlots {
   int64_t read = -1;   // < 0: padding row (no reads, no writes, zero output)
   int64_t write = -1;  // final-state slot; < 0: not written. Unused with token_slots.
-  bool invalid = false;  // some slot >= P or num_accepted outside 1..T: counted and padded
+  bool invalid = false;  // some slot the row names >= P, or num_accepted outside 1..T: counted
+                         // and padded (read = write = -1)
 };
 
 // The slot row n reads its state from, before the range check against P: accepted-token
@@ -91,34 +112,29 @@ GDN_HD RowSlots resolve_row(const Problem& p, int64_t n) {
   RowSlots r;
   const bool per_token = p.token_slots.data != nullptr;
   bool bad_accepted = false;
-  r.read = read_slot(p, n, bad_accepted, [](const Ptr& x, int64_t off) { return load_index(x, off); });
+  const int64_t read = read_slot(p, n, bad_accepted, [](const Ptr& x, int64_t off) { return load_index(x, off); });
   if (bad_accepted) {
     r.invalid = true;
     return r;
   }
-  if (r.read >= p.P) {
+  // Every slot the row names is range-checked, a padding row's too: a slot >= P is a caller
+  // bug worth counting whatever the row's other slots say (docs/semantics.md section 3).
+  bool bad = read >= p.P;
+  int64_t write = -1;
+  if (per_token) {
+    for (int64_t t = 0; t < p.T; ++t)
+      bad |= load_index(p.token_slots, n * p.token_slots.s[0] + t * p.token_slots.s[1]) >= p.P;
+  } else {
+    write = p.write_slots.data != nullptr ? load_index(p.write_slots, n * p.write_slots.s[0]) : read;
+    bad |= write >= p.P;
+  }
+  if (bad) {
     r.invalid = true;
-    r.read = -1;
     return r;
   }
-  if (r.read < 0) return r;
-  if (per_token) {
-    for (int64_t t = 0; t < p.T; ++t) {
-      if (load_index(p.token_slots, n * p.token_slots.s[0] + t * p.token_slots.s[1]) >= p.P) {
-        r.invalid = true;
-        r.read = -1;
-        return r;
-      }
-    }
-  } else {
-    r.write = p.write_slots.data != nullptr ? load_index(p.write_slots, n * p.write_slots.s[0])
-                                            : r.read;
-    if (r.write >= p.P) {
-      r.invalid = true;
-      r.read = -1;
-      r.write = -1;
-    }
-  }
+  if (read < 0) return r;  // padding
+  r.read = read;
+  r.write = write;
   return r;
 }
 

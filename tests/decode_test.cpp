@@ -184,12 +184,16 @@ TEST_P(Decode, TokenSlotOutOfRangeInvalidatesTheWholeRow) {
   cfg.inter = InterMode::kCompact;
   Case c = make_case(cfg, seed);
   c[Arg::kTokenSlots].set({1, 2}, static_cast<double>(c.P));  // tokens 0 and 1 must not be written either
-  c[Arg::kReadSlots].set({2}, -1);                            // padding first: not counted
+  // A padding row that also names a slot >= P is counted too (every slot a row names is
+  // range-checked), and still treated as padding.
+  c[Arg::kReadSlots].set({2}, -1);
   c[Arg::kTokenSlots].set({2, 3}, static_cast<double>(c.P + 1));
+  c[Arg::kReadSlots].set({3}, -1);  // plain padding: not counted
   const Expected e = expected_effects(c);
-  ASSERT_EQ(e.error_delta, 1);
+  ASSERT_EQ(e.error_delta, 2);
   ASSERT_EQ(e.rows[1].kind, RowKind::kInvalid);
-  ASSERT_EQ(e.rows[2].kind, RowKind::kPadding);
+  ASSERT_EQ(e.rows[2].kind, RowKind::kInvalid);
+  ASSERT_EQ(e.rows[3].kind, RowKind::kPadding);
   run_and_compare(backend(), c);
 }
 
@@ -360,6 +364,85 @@ TEST_P(Decode, EmptyBatchIsANoOp) {
   const Status st = run_decode(backend(), got);
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_TRUE(same_bits(before, got));
+}
+
+// Inputs take any innermost stride (SPEC section 1): q reversed along K, k at stride 3, v at
+// stride 8 (transformers' view into its conv buffer). The values are those drawn for the
+// case, copied into the strided views, so the comparison is against the same numbers.
+TEST_P(Decode, InputsWithAnyInnermostStride) {
+  GDN_SEED();
+  for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+    for (int64_t T : {1, 3}) {
+      SCOPED_TRACE(std::string(layout == StateLayout::kVK ? "VK" : "KV") + " T=" + std::to_string(T));
+      Config cfg = base(Addressing::kPool, 3, T);
+      cfg.layout = layout;
+      cfg.state_dtype = kBFloat16;
+      Case c = make_case(cfg, seed);
+      uint64_t sseed = seed;
+      const auto restride = [&](Arg a, int64_t inner) {
+        const HostTensor src = c[a];
+        const int64_t last = src.shape[3], row = last * std::abs(inner) + 5;
+        const std::vector<int64_t> strides = {src.shape[1] * src.shape[2] * row, src.shape[2] * row, row, inner};
+        const int64_t lead = inner < 0 ? (last - 1) * -inner : 0;
+        auto st = Storage::heap(static_cast<size_t>(lead + src.shape[0] * strides[0]) * dtype_size(src.dtype),
+                                ++sseed);
+        HostTensor t = view_into(st, lead, src.dtype, src.shape, strides);
+        src.for_each([&](const int64_t* idx) { t.set_bits(idx, src.bits(idx)); });
+        c[a] = t;
+      };
+      restride(Arg::kQ, -1);
+      restride(Arg::kK, 3);
+      restride(Arg::kV, 8);
+      run_and_compare(backend(), c);
+    }
+  }
+}
+
+// Zero-size tensors are valid whatever their strides (numpy hands B = 0 arrays with strides
+// that are not row-major), innermost ones included.
+TEST_P(Decode, EmptyTensorsWithAnyStrides) {
+  GDN_SEED();
+  for (Addressing m : {Addressing::kDense, Addressing::kPool}) {
+    SCOPED_TRACE(mode_name(m));
+    Config cfg = base(m, 0, 2);
+    cfg.inter = InterMode::kCompact;
+    const Case before = make_case(cfg, seed);
+    Case got = before.clone();
+    const Status st = run_decode(backend(), got, [](DecodeArgs& a) {
+      for (int i = 0; i < kNumArgs; ++i) {
+        TensorView& v = arg_view(a, static_cast<Arg>(i));
+        bool empty = false;
+        for (int d = 0; d < v.ndim; ++d) empty = empty || v.shape[d] == 0;
+        if (!empty) continue;
+        for (int d = 0; d < v.ndim; ++d) v.strides[d] = d % 2 == 0 ? 0 : 7;
+      }
+    });
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_TRUE(same_bits(before, got));
+  }
+}
+
+// Written views interleaved with other views of one buffer are disjoint and accepted: o and v
+// as the two halves of each head's row of one buffer, error_count in o's padding.
+TEST_P(Decode, InterleavedWrittenViewsAreAccepted) {
+  GDN_SEED();
+  Config cfg = base(Addressing::kPool, 3, 2);
+  cfg.out_dtype = cfg.input_dtype;
+  Case c = make_case(cfg, seed);
+  const HostTensor v = c[Arg::kV];
+  const int64_t B = cfg.B, T = cfg.T, HV = cfg.HV, V = cfg.V, row = 2 * V + 16;
+  auto st = Storage::heap(static_cast<size_t>(B * T * HV * row) * dtype_size(cfg.input_dtype), seed + 1);
+  const std::vector<int64_t> strides = {T * HV * row, HV * row, row, 1};
+  HostTensor vi = view_into(st, 0, cfg.input_dtype, {B, T, HV, V}, strides);
+  v.for_each([&](const int64_t* idx) { vi.set_bits(idx, v.bits(idx)); });
+  c[Arg::kV] = vi;
+  c[Arg::kO] = view_into(st, V, cfg.out_dtype, {B, T, HV, V}, strides);
+  poison(c[Arg::kO]);
+  // Bytes [4V, 4V + 4): the padding after head 0's o of row 0, token 0.
+  c[Arg::kErrorCount] = view_into(st, V, kInt32, {1}, {1});
+  c[Arg::kErrorCount].set({0}, 3);
+  ASSERT_TRUE(can_implement(c.args()).ok()) << can_implement(c.args()).message();
+  run_and_compare(backend(), c);
 }
 
 TEST_P(Decode, BitIdenticalRunToRun) {

@@ -3,6 +3,7 @@
 // input written. Each case edits a valid call's arguments (on the backend's device) in one
 // way; storages are oversized so that a check that wrongly passed could not read out of
 // bounds, only fail the "nothing written" assertion.
+#include <climits>
 #include <functional>
 #include <string>
 #include <vector>
@@ -160,9 +161,6 @@ std::vector<ErrorCase> cases() {
   add("ErrorCountFloat", base(), [](DecodeArgs& a) { a.error_count.dtype = kFloat32; }, "error_count dtype");
 
   // Innermost strides.
-  add("QInnerStride", base(), [](DecodeArgs& a) { a.q.strides[3] = 2; }, "q.stride[3] must be 1");
-  add("KInnerStride", base(), [](DecodeArgs& a) { a.k.strides[3] = 2; }, "k.stride[3] must be 1");
-  add("VInnerStride", base(), [](DecodeArgs& a) { a.v.strides[3] = 2; }, "v.stride[3] must be 1");
   add("OInnerStride", base(), [](DecodeArgs& a) { a.o.strides[3] = 2; }, "o.stride[3] must be 1");
   // A KV-stored pool (K == V) passed as VK through transposed strides: SPEC's own example.
   add("StateTransposedVK", base(),
@@ -209,7 +207,7 @@ std::vector<ErrorCase> cases() {
       "o must not overlap state");
   add("InterOverlapsState", base(),
       [](DecodeArgs& a) { a.inter.data = static_cast<float*>(a.state.data) + 3 * 4096 + 1; },
-      "inter must not overlap state");
+      "state must not overlap inter");
 
   // Devices.
   add("QOnOtherDevice", base(), [](DecodeArgs& a) { flip_device(a.q); }, "q must be on the state's device");
@@ -231,6 +229,50 @@ std::vector<ErrorCase> cases() {
   add("ScaleNaN", base(), [](DecodeArgs& a) { a.scale = NAN; }, "scale must be finite");
   add("ScaleInf", base(), [](DecodeArgs& a) { a.scale = -INFINITY; }, "scale must be finite");
   add("BadLayout", base(), [](DecodeArgs& a) { a.layout = static_cast<StateLayout>(7); }, "layout");
+  add("MissingLayout", base(), [](DecodeArgs& a) { a.layout.reset(); }, "layout is required");
+  add("NegativeB", base(), [](DecodeArgs& a) { a.q.shape[0] = -1; }, "q.shape[0] (B) must be >= 0");
+
+  // Alignment and representable sizes.
+  add("QMisaligned", base(), [](DecodeArgs& a) { a.q.data = static_cast<char*>(a.q.data) + 1; },
+      "q data pointer must be aligned to its element size");
+  add("StateMisaligned", base(), [](DecodeArgs& a) { a.state.data = static_cast<char*>(a.state.data) + 2; },
+      "state data pointer must be aligned");
+  add("ErrorCountMisaligned", base(),
+      [](DecodeArgs& a) { a.error_count.data = static_cast<char*>(a.error_count.data) + 1; },
+      "error_count data pointer must be aligned");
+  add("HugeStrideOverflows", base(), [](DecodeArgs& a) { a.q.strides[0] = INT64_MAX / 2; },
+      "reaches outside the 64-bit address space");
+  add("HugeNegativeStrideOverflows", base(), [](DecodeArgs& a) { a.k.strides[1] = INT64_MIN + 1; },
+      "reaches outside the 64-bit address space");
+
+  // Every written tensor against every other tensor of the call, and against itself.
+  // The smaller view is moved inside the larger one's storage, so that no other tensor is hit.
+  add("OOverlapsQ", base(), [](DecodeArgs& a) { a.q.data = static_cast<float*>(a.o.data) + 1; },
+      "o must not overlap q");
+  add("OOverlapsGate", base(), [](DecodeArgs& a) { a.b.data = static_cast<float*>(a.o.data) + 7; },
+      "o must not overlap b");
+  add("OOverlapsBeta", pre(), [](DecodeArgs& a) { a.beta.data = static_cast<float*>(a.o.data) + 9; },
+      "o must not overlap beta");
+  add("InterOverlapsO", base(), [](DecodeArgs& a) { a.o.data = static_cast<float*>(a.inter.data) + 64; },
+      "o must not overlap inter");
+  add("InterOverlapsK", base(), [](DecodeArgs& a) { a.k.data = static_cast<float*>(a.inter.data) + 3; },
+      "inter must not overlap k");
+  add("ErrorCountInsideO", base(),
+      [](DecodeArgs& a) { a.error_count.data = static_cast<float*>(a.o.data) + 5; },
+      "o must not overlap error_count");
+  add("ErrorCountInsideState", base(),
+      [](DecodeArgs& a) { a.error_count.data = static_cast<float*>(a.state.data) + 4097; },
+      "state must not overlap error_count");
+  add("ReadSlotsInsideO", base(), [](DecodeArgs& a) { a.read_slots.data = static_cast<float*>(a.o.data) + 2; },
+      "o must not overlap read_slots");
+  add("TokenSlotsInsideInter", base(Addressing::kPerToken),
+      [](DecodeArgs& a) { a.token_slots.data = a.inter.data; }, "inter must not overlap token_slots");
+  add("OOverlapsItself", base(), [](DecodeArgs& a) { a.o.strides[2] = 0; }, "o must not overlap itself");
+  add("InterRowsOverlap", base(), [](DecodeArgs& a) { a.inter.strides[3] = 3; }, "inter must not overlap itself");
+  add("StateSlotsAlias", base(), [](DecodeArgs& a) { a.state.strides[0] = 0; }, "state must not overlap itself");
+  // A read-only state may alias its slots, but a written tensor still may not overlap it.
+  add("OOverlapsReadOnlyState", with(base(), [](Config& c) { c.update_state = false; }),
+      [](DecodeArgs& a) { a.o.data = static_cast<float*>(a.state.data) + 64; }, "o must not overlap state");
   return e;
 }
 

@@ -98,27 +98,33 @@ enum class StateLayout : int {
   kKV = 1,  // "V-last" (FlashInfer nontranspose, HF transformers):   [P, HV, K, V], V contiguous
 };
 
-struct DecodeArgs {
-  // Inputs. Innermost stride must be 1; every other stride is free (packed qkv views work).
-  TensorView q;  // [B, T, H, K]  bf16 | fp16 | fp32 (q, k, v share one dtype)
-  TensorView k;  // [B, T, H, K]
-  TensorView v;  // [B, T, HV, V]
-
+// What `decode` and `fused_decode` share: the gates, the recurrent state and its addressing,
+// the output and the options of the recurrence step (docs/semantics.md sections 2-3).
+//
+// Memory rules for every tensor (docs/semantics.md section 4): data pointers aligned to the
+// element size; a tensor the call writes (o, the state when updated, inter, error_count, and
+// in fused_decode the conv state when updated and conv_inter) overlaps no other tensor of the
+// call, and no two of its own elements share a byte (exact test on the strided views, so
+// disjoint interleaved views of one buffer are fine); empty tensors (B = 0) are valid whatever
+// their strides.
+struct StepArgs {
   // Gates, raw form (FlashInfer, SGLang, vLLM packed decode): g and beta computed in the
   // call as g = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b).
   TensorView a;        // [B, T, HV]  bf16 | fp16 | fp32, any strides
   TensorView b;        // [B, T, HV]  bf16 | fp16 | fp32, any strides
-  TensorView A_log;    // [HV] fp32
-  TensorView dt_bias;  // [HV] fp32 | bf16 | fp16
+  TensorView A_log;    // [HV] fp32, any stride
+  TensorView dt_bias;  // [HV] fp32 | bf16 | fp16, any stride
   // Gates, precomputed form (FLA, vLLM fused_recurrent, HF, llama.cpp). Exactly one form is given.
-  TensorView g;     // [B, T, HV] fp32, log-space decay: the step uses exp(g)
-  TensorView beta;  // [B, T, HV] fp32 | bf16 | fp16, used as given
+  TensorView g;     // [B, T, HV] fp32, log-space decay: the step uses exp(g); any strides
+  TensorView beta;  // [B, T, HV] fp32 | bf16 | fp16, used as given; any strides
 
   // Recurrent state. Dense mode: [B, HV, ...] and row n uses slot n. Otherwise a pool [P, HV, ...].
   // fp32 | bf16 | fp16; innermost stride 1; slot, head and row strides are free (page-padded
   // and interleaved pools work). Updated in place unless update_state is false.
   TensorView state;
-  StateLayout layout = StateLayout::kVK;  // must be named: VK and KV have one shape when K == V
+  // Required, with no default: VK and KV have one shape when K == V, so a forgotten layout
+  // would silently compute garbage. An absent layout is an kInvalidArgument error.
+  std::optional<StateLayout> layout;
 
   // Addressing (docs/semantics.md section 3). All int32 | int64, any stride, on the state's device.
   TensorView read_slots;    // [B]: row n reads slot read_slots[n]; absent = dense (unless token_slots)
@@ -128,22 +134,31 @@ struct DecodeArgs {
   TensorView num_accepted;  // [B], needs token_slots: row n reads token_slots[n, num_accepted[n] - 1]
 
   // Optional intermediate cache, indexed by batch row (never by slot): [B, T, HV, <layout>],
-  // state dtype, innermost stride 1; entry (n, t) = state after token t. Must not overlap state.
+  // state dtype, innermost stride 1; entry (n, t) = state after token t.
   TensorView inter;
 
-  // Output: [B, T, HV, V] bf16 | fp16 | fp32, innermost stride 1; must not overlap state.
+  // Output: [B, T, HV, V] bf16 | fp16 | fp32, innermost stride 1.
   TensorView o;
 
-  // Optional int32 [1] counter on the state's device. Each call adds the number of rows it
-  // treated as padding because a slot was >= P (or num_accepted was outside 1..T), plus,
-  // with check_duplicate_writes, the number of rows whose write slot another row also
-  // writes. Readable without a host sync; never reset by gdn.
+  // Optional int32 [1] counter on the state's device (element 0 is used). Each call adds the
+  // number of rows it treated as padding because a slot the row names was >= P (or
+  // num_accepted was outside 1..T), plus, with check_duplicate_writes, the number of rows
+  // whose write slot another row also writes. Readable without a host sync; never reset by gdn.
   TensorView error_count;
 
-  std::optional<float> scale;  // multiplies q; default 1/sqrt(K)
+  std::optional<float> scale;  // multiplies q; default 1/sqrt(K); must be finite
   bool use_qk_l2norm = true;   // q, k <- x * rsqrt(sum(x^2) + 1e-6) before use
-  bool update_state = true;    // false: the pool is read, never written (the cache still is)
+  bool update_state = true;    // false: the pools are read, never written (the caches still are)
   bool check_duplicate_writes = false;  // checking mode: count rows that write the same slot
+};
+
+// One decode call: the recurrence of docs/semantics.md section 2 on given q, k, v.
+struct DecodeArgs : StepArgs {
+  // Inputs, any strides (the innermost too: stride 1 is the fast path, anything else is read
+  // element by element, never copied). Packed qkv views and conv-buffer views work as they are.
+  TensorView q;  // [B, T, H, K]  bf16 | fp16 | fp32 (q, k, v share one dtype)
+  TensorView k;  // [B, T, H, K]
+  TensorView v;  // [B, T, HV, V]
 };
 
 // Validates `args` exactly as `decode` does (docs/semantics.md section 4) without reading or

@@ -4,6 +4,7 @@
 // tokens, so a chunk is loaded once into fp32, carried through every token, and stored
 // (rounded) only where the contract stores it. The same loop serves both layouts; only the
 // gather/scatter of a chunk differs (VK rows are contiguous, KV rows are strided columns).
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -74,7 +75,7 @@ void load_qk(const Problem& p, const Ptr& x, int64_t n, int64_t t, int64_t h, fl
   const int64_t base = n * x.s[0] + t * x.s[1] + h * x.s[2];
   float ss = 0.f;
   for (int64_t i = 0; i < p.K; ++i) {
-    dst[i] = load_f32(x.data, x.dtype, base + i);
+    dst[i] = load_f32(x.data, x.dtype, base + i * x.s[3]);
     ss += dst[i] * dst[i];
   }
   const float f = (p.use_qk_l2norm ? 1.f / std::sqrt(ss + 1e-6f) : 1.f) * scale;
@@ -117,7 +118,7 @@ void run_head(const Problem& p, int64_t n, int64_t hv, const RowSlots& rs, int64
       for (int r = 0; r < kChunk; ++r) {
         float* row = S[r];
         for (int c = 0; c < K; ++c) row[c] *= g;
-        const float vr = load_f32(p.v.data, p.v.dtype, n * p.v.s[0] + t * p.v.s[1] + hv * p.v.s[2] + r0 + r);
+        const float vr = load_f32(p.v.data, p.v.dtype, n * p.v.s[0] + t * p.v.s[1] + hv * p.v.s[2] + (r0 + r) * p.v.s[3]);
         const float delta = beta * (vr - dot(row, in.kh[j], K));
         for (int c = 0; c < K; ++c) row[c] += delta * in.kh[j][c];
         store_f32(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + r0 + r, dot(row, in.qh[j], K));
@@ -187,7 +188,8 @@ void decode_cpu(const Problem& p) {
       bad += dup ? 1 : 0;
     }
   }
-  if (p.error_count) *p.error_count += bad;
+  // Atomic: the counter may be shared by calls running on other threads at the same time.
+  if (p.error_count != nullptr && bad != 0) std::atomic_ref<int>(*p.error_count).fetch_add(bad);
   switch (p.state.dtype) {
     case DType::kF32: run_all<DType::kF32>(p); break;
     case DType::kBF16: run_all<DType::kBF16>(p); break;

@@ -289,27 +289,24 @@ __device__ __forceinline__ WarpSlots resolve_row_warp(const Problem& p, int64_t 
   } else {
     read = n;
   }
-  if (read >= p.P) {
+  // Every slot the row names is range-checked, a padding row's too (as resolve_row).
+  bool bad = read >= p.P;
+  int64_t w = -1;
+  if (per_token) {
+    bool tok_bad = lane < p.T && r.tok >= p.P;
+    for (int64_t t = 32 + lane; t < p.T; t += 32)
+      tok_bad |= load_index(p.token_slots, n * p.token_slots.s[0] + t * p.token_slots.s[1]) >= p.P;
+    bad |= __any_sync(0xffffffffu, tok_bad);
+  } else {
+    w = p.write_slots.data != nullptr ? wsl : read;
+    bad |= w >= p.P;
+  }
+  if (bad) {
     r.invalid = true;
     return r;
   }
-  if (read < 0) return r;
-  if (per_token) {
-    bool bad = lane < p.T && r.tok >= p.P;
-    for (int64_t t = 32 + lane; t < p.T; t += 32)
-      bad |= load_index(p.token_slots, n * p.token_slots.s[0] + t * p.token_slots.s[1]) >= p.P;
-    if (__any_sync(0xffffffffu, bad)) {
-      r.invalid = true;
-      return r;
-    }
-  } else {
-    const int64_t w = p.write_slots.data != nullptr ? wsl : read;
-    if (w >= p.P) {
-      r.invalid = true;
-      return r;
-    }
-    r.write = w;
-  }
+  if (read < 0) return r;  // padding
+  r.write = w;
   r.read = read;
   return r;
 }
@@ -470,7 +467,7 @@ __device__ __forceinline__ void stage_issue(const Problem& p, const Geometry& ge
   const char* q = static_cast<const char*>(p.q.data) + (n * p.q.s[0] + t0 * p.q.s[1] + h * p.q.s[2]) * es;
   const char* k = static_cast<const char*>(p.k.data) + (n * p.k.s[0] + t0 * p.k.s[1] + h * p.k.s[2]) * es;
   const char* v = static_cast<const char*>(p.v.data) +
-                  (n * p.v.s[0] + t0 * p.v.s[1] + hv * p.v.s[2] + c0) * es;
+                  (n * p.v.s[0] + t0 * p.v.s[1] + hv * p.v.s[2] + c0 * p.v.s[3]) * es;
   const int64_t qt = p.q.s[1] * es, kt = p.k.s[1] * es, vt = p.v.s[1] * es;  // token strides, bytes
   unsigned char* rq = sm.raw_part<unsigned char>(0, K * es);
   unsigned char* rk = sm.raw_part<unsigned char>(1, K * es);
@@ -491,20 +488,22 @@ __device__ __forceinline__ void stage_issue(const Problem& p, const Geometry& ge
       }
     }
   } else {
-    // Unaligned views: element copies (2 or 4 bytes), several in flight per thread.
+    // Unaligned or element-strided views: element copies (2 or 4 bytes), several in flight
+    // per thread. The innermost strides (bytes) are whatever the caller's views have.
+    const int64_t qe = p.q.s[3] * es, ke = p.k.s[3] * es, ve = p.v.s[3] * es;
     const int nq = tc * K, total = 2 * nq + tc * nc;
 #pragma unroll 4
     for (int i = threadIdx.x; i < total; i += kThreads) {
       const char* src;
       unsigned char* dst;
       if (i < nq) {
-        src = q + (i / K) * qt + (i % K) * es;
+        src = q + (i / K) * qt + (i % K) * qe;
         dst = rq + i * es;
       } else if (i < 2 * nq) {
-        src = k + ((i - nq) / K) * kt + ((i - nq) % K) * es;
+        src = k + ((i - nq) / K) * kt + ((i - nq) % K) * ke;
         dst = rk + (i - nq) * es;
       } else {
-        src = v + ((i - 2 * nq) / nc) * vt + ((i - 2 * nq) % nc) * es;
+        src = v + ((i - 2 * nq) / nc) * vt + ((i - 2 * nq) % nc) * ve;
         dst = rv + (i - 2 * nq) * es;
       }
       if (es == 4) {

@@ -118,11 +118,12 @@ constexpr size_t kSmemBudget = 48 * 1024;  // no opt-in attribute needed, leaves
 
 int dtype_bytes_host(DType d) { return d == DType::kF32 ? 4 : 2; }
 
-// q, k, v may be staged with 16-byte cp.async: every row start of the views 16-byte aligned.
+// q, k, v may be staged with 16-byte cp.async: contiguous rows (innermost stride 1), every row
+// start of the views 16-byte aligned.
 bool qkv_vec_ok(const Problem& p) {
   const int64_t es = dtype_bytes_host(p.q.dtype);
   for (const Ptr* t : {&p.q, &p.k, &p.v}) {
-    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
+    if (t->s[3] != 1 || reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
     for (int i = 0; i < 3; ++i)
       if (t->s[i] * es % 16 != 0) return false;
   }
