@@ -14,4 +14,9 @@ namespace gdn::reference {
 // Single-threaded; the state is rounded to its dtype only where it is stored.
 Status decode(const DecodeArgs& args);
 
+// Same contract as gdn::fused_decode for host tensors (docs/semantics.md section 6), computed
+// in float64: the conv window, SiLU, the recurrence and the gated RMSNorm, with o, inter, the
+// state, conv_inter and the conv state stored in their own dtypes only where they are stored.
+Status fused_decode(const FusedDecodeArgs& args);
+
 }  // namespace gdn::reference

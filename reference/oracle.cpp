@@ -64,7 +64,7 @@ struct Row {
   std::vector<int64_t> write;  // per token: slot written with the state after token t, or -1
 };
 
-Row resolve(const DecodeArgs& a, int64_t n, int64_t T, int64_t P) {
+Row resolve(const StepArgs& a, int64_t n, int64_t T, int64_t P) {
   Row row;
   row.write.assign(T, -1);
   const bool per_token = a.token_slots.defined();
@@ -100,29 +100,25 @@ Row resolve(const DecodeArgs& a, int64_t n, int64_t T, int64_t P) {
   return row;
 }
 
-}  // namespace
+// The shapes and options of one call, as the oracle reads them.
+struct Call {
+  int64_t B, T, H, HV, K, V, P;
+  bool kv, raw;
+  double scale;
+};
 
-Status decode(const DecodeArgs& a) {
-  Status s = can_implement(a);
-  if (!s.ok()) return s;
-  if (a.state.device.device_type != kDLCPU)
-    return Status(StatusCode::kNotSupported, "the oracle runs on host (kDLCPU) tensors only");
-  const int64_t B = a.q.shape[0], T = a.q.shape[1], H = a.q.shape[2], K = a.q.shape[3];
-  const int64_t HV = a.v.shape[2], V = a.v.shape[3], P = a.state.shape[0];
-  const bool kv = *a.layout == StateLayout::kKV;
-  const bool raw = a.a.defined();
-  const double scale = a.scale.has_value() ? static_cast<double>(*a.scale) : 1.0 / std::sqrt(static_cast<double>(K));
-
-  std::vector<Row> rows(B);
+// Rows resolved and counted into error_count (semantics section 3), duplicate writers too.
+std::vector<Row> resolve_all(const StepArgs& a, const Call& c) {
+  std::vector<Row> rows(c.B);
   int bad = 0;
-  for (int64_t n = 0; n < B; ++n) {
-    rows[n] = resolve(a, n, T, P);
+  for (int64_t n = 0; n < c.B; ++n) {
+    rows[n] = resolve(a, n, c.T, c.P);
     bad += rows[n].invalid ? 1 : 0;
   }
   if (a.check_duplicate_writes) {
-    for (int64_t n = 0; n < B; ++n) {
+    for (int64_t n = 0; n < c.B; ++n) {
       bool dup = false;
-      for (int64_t m = 0; m < B && !dup; ++m) {
+      for (int64_t m = 0; m < c.B && !dup; ++m) {
         if (m == n) continue;
         for (int64_t x : rows[n].write)
           for (int64_t y : rows[m].write) dup = dup || (x >= 0 && x == y);
@@ -131,65 +127,174 @@ Status decode(const DecodeArgs& a) {
     }
   }
   if (a.error_count.defined()) *static_cast<int32_t*>(a.error_count.data) += bad;
+  return rows;
+}
 
+// Section 2 for row n, value head hv of a valid row: q(t, c), k(t, c), v(t, r) give the raw
+// inputs of token t; emit(t, r, o) receives each output element; inter and the written slots
+// are stored here.
+template <typename Q, typename Kf, typename Vf, typename Emit>
+void run_head(const StepArgs& a, const Call& c, const Row& row, int64_t n, int64_t hv, Q q, Kf k, Vf v,
+              Emit emit) {
+  const int64_t K = c.K, V = c.V;
   std::vector<double> S(V * K), qh(K), kh(K), h(K);
-  for (int64_t n = 0; n < B; ++n) {
-    const Row& row = rows[n];
-    for (int64_t hv = 0; hv < HV; ++hv) {
-      if (!row.valid) {
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t r = 0; r < V; ++r) put(a.o, {n, t, hv, r}, 0.0);
+  for (int64_t r = 0; r < V; ++r)
+    for (int64_t col = 0; col < K; ++col) S[r * K + col] = get_state(a.state, c.kv, row.read, hv, r, col);
+  for (int64_t t = 0; t < c.T; ++t) {
+    double g, beta;
+    if (c.raw) {
+      const double x = get(a.a, {n, t, hv}) + get(a.dt_bias, {hv});
+      const double sp = x <= 20.0 ? std::log1p(std::exp(x)) : x;
+      g = std::exp(-std::exp(get(a.A_log, {hv})) * sp);
+      beta = 1.0 / (1.0 + std::exp(-get(a.b, {n, t, hv})));
+    } else {
+      g = std::exp(get(a.g, {n, t, hv}));
+      beta = get(a.beta, {n, t, hv});
+    }
+    double sq = 0, sk = 0;
+    for (int64_t col = 0; col < K; ++col) {
+      qh[col] = q(t, col);
+      kh[col] = k(t, col);
+      sq += qh[col] * qh[col];
+      sk += kh[col] * kh[col];
+    }
+    const double fq = (a.use_qk_l2norm ? 1.0 / std::sqrt(sq + 1e-6) : 1.0) * c.scale;
+    const double fk = a.use_qk_l2norm ? 1.0 / std::sqrt(sk + 1e-6) : 1.0;
+    for (int64_t col = 0; col < K; ++col) {
+      qh[col] *= fq;
+      kh[col] *= fk;
+    }
+    for (int64_t r = 0; r < V; ++r) {
+      double* Sr = &S[r * K];
+      double hk = 0;
+      for (int64_t col = 0; col < K; ++col) {
+        h[col] = g * Sr[col];
+        hk += h[col] * kh[col];
+      }
+      const double delta = beta * (v(t, r) - hk);
+      double out = 0;
+      for (int64_t col = 0; col < K; ++col) {
+        h[col] += delta * kh[col];
+        out += h[col] * qh[col];
+        Sr[col] = h[col];
+      }
+      emit(t, r, out);
+    }
+    if (a.inter.defined())
+      for (int64_t r = 0; r < V; ++r)
+        for (int64_t col = 0; col < K; ++col) put_inter(a.inter, c.kv, n, t, hv, r, col, S[r * K + col]);
+    if (row.write[t] >= 0)
+      for (int64_t r = 0; r < V; ++r)
+        for (int64_t col = 0; col < K; ++col) put_state(a.state, c.kv, row.write[t], hv, r, col, S[r * K + col]);
+  }
+}
+
+}  // namespace
+
+Status decode(const DecodeArgs& a) {
+  Status s = can_implement(a);
+  if (!s.ok()) return s;
+  if (a.state.device.device_type != kDLCPU)
+    return Status(StatusCode::kNotSupported, "the oracle runs on host (kDLCPU) tensors only");
+  Call c;
+  c.B = a.q.shape[0], c.T = a.q.shape[1], c.H = a.q.shape[2], c.K = a.q.shape[3];
+  c.HV = a.v.shape[2], c.V = a.v.shape[3], c.P = a.state.shape[0];
+  c.kv = *a.layout == StateLayout::kKV;
+  c.raw = a.a.defined();
+  c.scale = a.scale.has_value() ? static_cast<double>(*a.scale) : 1.0 / std::sqrt(static_cast<double>(c.K));
+  const std::vector<Row> rows = resolve_all(a, c);
+  for (int64_t n = 0; n < c.B; ++n) {
+    for (int64_t hv = 0; hv < c.HV; ++hv) {
+      if (!rows[n].valid) {
+        for (int64_t t = 0; t < c.T; ++t)
+          for (int64_t r = 0; r < c.V; ++r) put(a.o, {n, t, hv, r}, 0.0);
         continue;
       }
-      const int64_t hq = hv / (HV / H);
-      for (int64_t r = 0; r < V; ++r)
-        for (int64_t c = 0; c < K; ++c) S[r * K + c] = get_state(a.state, kv, row.read, hv, r, c);
+      const int64_t hq = hv / (c.HV / c.H);
+      run_head(
+          a, c, rows[n], n, hv, [&](int64_t t, int64_t i) { return get(a.q, {n, t, hq, i}); },
+          [&](int64_t t, int64_t i) { return get(a.k, {n, t, hq, i}); },
+          [&](int64_t t, int64_t r) { return get(a.v, {n, t, hv, r}); },
+          [&](int64_t t, int64_t r, double o) { put(a.o, {n, t, hv, r}, o); });
+    }
+  }
+  return Status::Ok();
+}
+
+// Section 6: the conv update over the window [conv state of the read slot | the T new inputs],
+// SiLU, the split into q | k | v, section 2, and the gated RMSNorm; the conv state after each
+// token goes where section 3 sends the recurrent state after that token, and to conv_inter.
+Status fused_decode(const FusedDecodeArgs& a) {
+  Status s = can_implement(a);
+  if (!s.ok()) return s;
+  if (a.state.device.device_type != kDLCPU)
+    return Status(StatusCode::kNotSupported, "the oracle runs on host (kDLCPU) tensors only");
+  Call c;
+  c.kv = *a.layout == StateLayout::kKV;
+  c.B = a.mixed_qkv.shape[0], c.T = a.mixed_qkv.shape[1];
+  c.HV = a.state.shape[1], c.P = a.state.shape[0];
+  c.K = a.state.shape[c.kv ? 2 : 3], c.V = a.state.shape[c.kv ? 3 : 2];
+  const int64_t D = a.mixed_qkv.shape[2], W = a.conv_weight.shape[1], L = a.conv_state.shape[2];
+  c.H = (D - c.HV * c.V) / (2 * c.K);
+  c.raw = a.a.defined();
+  c.scale = a.scale.has_value() ? static_cast<double>(*a.scale) : 1.0 / std::sqrt(static_cast<double>(c.K));
+  const std::vector<Row> rows = resolve_all(a, c);
+  const int64_t T = c.T, V = c.V, K = c.K, H = c.H;
+
+  for (int64_t n = 0; n < c.B; ++n) {
+    const Row& row = rows[n];
+    if (!row.valid) {
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t hv = 0; hv < c.HV; ++hv)
+          for (int64_t r = 0; r < V; ++r) put(a.o, {n, t, hv, r}, 0.0);
+      continue;
+    }
+    // ext[d][j]: the L old columns of the read slot, then the T new inputs.
+    std::vector<double> ext(D * (L + T)), y(T * D);
+    for (int64_t d = 0; d < D; ++d) {
+      for (int64_t j = 0; j < L; ++j) ext[d * (L + T) + j] = get(a.conv_state, {row.read, d, j});
+      for (int64_t t = 0; t < T; ++t) ext[d * (L + T) + L + t] = get(a.mixed_qkv, {n, t, d});
       for (int64_t t = 0; t < T; ++t) {
-        double g, beta;
-        if (raw) {
-          const double x = get(a.a, {n, t, hv}) + get(a.dt_bias, {hv});
-          const double sp = x <= 20.0 ? std::log1p(std::exp(x)) : x;
-          g = std::exp(-std::exp(get(a.A_log, {hv})) * sp);
-          beta = 1.0 / (1.0 + std::exp(-get(a.b, {n, t, hv})));
-        } else {
-          g = std::exp(get(a.g, {n, t, hv}));
-          beta = get(a.beta, {n, t, hv});
+        double acc = a.conv_bias.defined() ? get(a.conv_bias, {d}) : 0.0;
+        for (int64_t w = 0; w < W; ++w) acc += get(a.conv_weight, {d, w}) * ext[d * (L + T) + L + t - (W - 1) + w];
+        y[t * D + d] = acc / (1.0 + std::exp(-acc));  // SiLU
+      }
+    }
+    // The conv state after token t: the last L entries of ext up to that token.
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t j = 0; j < L; ++j) {
+          const double x = ext[d * (L + T) + t + 1 + j];
+          if (a.conv_inter.defined()) put(a.conv_inter, {n, t, d, j}, x);
+          if (row.write[t] >= 0) put(a.conv_state, {row.write[t], d, j}, x);
         }
-        double sq = 0, sk = 0;
-        for (int64_t c = 0; c < K; ++c) {
-          qh[c] = get(a.q, {n, t, hq, c});
-          kh[c] = get(a.k, {n, t, hq, c});
-          sq += qh[c] * qh[c];
-          sk += kh[c] * kh[c];
-        }
-        const double fq = (a.use_qk_l2norm ? 1.0 / std::sqrt(sq + 1e-6) : 1.0) * scale;
-        const double fk = a.use_qk_l2norm ? 1.0 / std::sqrt(sk + 1e-6) : 1.0;
-        for (int64_t c = 0; c < K; ++c) {
-          qh[c] *= fq;
-          kh[c] *= fk;
+    }
+    for (int64_t hv = 0; hv < c.HV; ++hv) {
+      const int64_t hq = hv / (c.HV / H);
+      std::vector<double> o(T * V);
+      run_head(
+          a, c, row, n, hv, [&](int64_t t, int64_t i) { return y[t * D + hq * K + i]; },
+          [&](int64_t t, int64_t i) { return y[t * D + H * K + hq * K + i]; },
+          [&](int64_t t, int64_t r) { return y[t * D + 2 * H * K + hv * V + r]; },
+          [&](int64_t t, int64_t r, double x) { o[t * V + r] = x; });
+      for (int64_t t = 0; t < T; ++t) {
+        double f = 1.0;
+        if (a.norm_weight.defined()) {
+          double ss = 0;
+          for (int64_t r = 0; r < V; ++r) ss += o[t * V + r] * o[t * V + r];
+          f = 1.0 / std::sqrt(ss / static_cast<double>(V) + static_cast<double>(a.norm_eps));
         }
         for (int64_t r = 0; r < V; ++r) {
-          double* Sr = &S[r * K];
-          double hk = 0;
-          for (int64_t c = 0; c < K; ++c) {
-            h[c] = g * Sr[c];
-            hk += h[c] * kh[c];
+          double x = o[t * V + r];
+          if (a.norm_weight.defined()) {
+            x *= f * get(a.norm_weight, {r});
+            if (a.z.defined()) {
+              const double z = get(a.z, {n, t, hv, r});
+              x *= z / (1.0 + std::exp(-z));
+            }
           }
-          const double delta = beta * (get(a.v, {n, t, hv, r}) - hk);
-          double out = 0;
-          for (int64_t c = 0; c < K; ++c) {
-            h[c] += delta * kh[c];
-            out += h[c] * qh[c];
-            Sr[c] = h[c];
-          }
-          put(a.o, {n, t, hv, r}, out);
+          put(a.o, {n, t, hv, r}, x);
         }
-        if (a.inter.defined())
-          for (int64_t r = 0; r < V; ++r)
-            for (int64_t c = 0; c < K; ++c) put_inter(a.inter, kv, n, t, hv, r, c, S[r * K + c]);
-        if (row.write[t] >= 0)
-          for (int64_t r = 0; r < V; ++r)
-            for (int64_t c = 0; c < K; ++c) put_state(a.state, kv, row.write[t], hv, r, c, S[r * K + c]);
       }
     }
   }

@@ -19,5 +19,13 @@ Status decode_cuda(const Problem& p, void* stream);
 // returns, so that can_implement and decode agree on CUDA tensors in a CPU-only build.
 Status cuda_backend_status();
 
+// The fused layer step (docs/semantics.md section 6), same conventions.
+void fused_decode_cpu(const FusedProblem& p);
+Status fused_decode_cuda(const FusedProblem& p, void* stream);
+// Whether the CUDA backend can run this fused problem (a valid call it cannot run is
+// kNotSupported, e.g. in a CPU-only build, or a GVA group too large for one thread-block
+// cluster); can_implement and fused_decode both ask it.
+Status fused_cuda_status(const FusedProblem& p);
+
 
 }  // namespace gdn::detail

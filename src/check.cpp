@@ -449,4 +449,141 @@ Status build_problem(const DecodeArgs& args, Problem* out) {
   return Status::Ok();
 }
 
+Status build_fused_problem(const FusedDecodeArgs& args, FusedProblem* out) {
+  Checker c;
+  FusedProblem f;
+  Problem& p = f.step;
+  c.required(args.mixed_qkv, "mixed_qkv");
+  c.required(args.conv_weight, "conv_weight");
+  c.required(args.conv_state, "conv_state");
+  check_opening(args, c);
+  c.rank(args.mixed_qkv, "mixed_qkv", 3, "[B, T, D]");
+  c.rank(args.conv_weight, "conv_weight", 2, "[D, W]");
+  c.rank(args.conv_state, "conv_state", 3, "[P, D, L]");
+  if (!c.ok()) return c.status;
+
+  // B, T from mixed_qkv; HV, K, V from the state; H from D.
+  const bool kv = *args.layout == StateLayout::kKV;
+  p.B = args.mixed_qkv.shape[0];
+  p.T = args.mixed_qkv.shape[1];
+  f.D = args.mixed_qkv.shape[2];
+  p.HV = args.state.shape[1];
+  p.K = args.state.shape[kv ? 2 : 3];
+  p.V = args.state.shape[kv ? 3 : 2];
+  c.nonneg(p.B, "mixed_qkv.shape[0] (B)");
+  if (c.ok() && (p.T < 1 || p.T > 16))
+    c.fail("mixed_qkv.shape[1] (T) must be in 1..16 for fused_decode, got " + std::to_string(p.T));
+  if (c.ok() && !supported_dim(p.K))
+    c.fail(std::string("state.shape[") + (kv ? "2" : "3") + "] (K) must be 64, 128 or 256, got " +
+           std::to_string(p.K));
+  if (c.ok() && !supported_dim(p.V))
+    c.fail(std::string("state.shape[") + (kv ? "3" : "2") + "] (V) must be 64, 128 or 256, got " +
+           std::to_string(p.V));
+  if (c.ok() && p.HV < 1) c.fail("state.shape[1] (HV) must be >= 1, got " + std::to_string(p.HV));
+  if (c.ok()) {
+    const int64_t qk = f.D - p.HV * p.V;  // 2*H*K
+    p.H = qk > 0 && qk % (2 * p.K) == 0 ? qk / (2 * p.K) : 0;
+    if (p.H < 1 || p.HV % p.H != 0)
+      c.fail("mixed_qkv.shape[2] (D = " + std::to_string(f.D) + ") must be 2*H*K + HV*V with HV = " +
+             std::to_string(p.HV) + ", K = " + std::to_string(p.K) + ", V = " + std::to_string(p.V) +
+             " (from the state) and H >= 1 dividing HV; D - HV*V = " + std::to_string(qk) + " is not");
+  }
+  if (!c.ok()) return c.status;
+
+  c.float_type(args.mixed_qkv, "mixed_qkv", &f.x.dtype, true, kFloats);
+  p.q.dtype = p.k.dtype = p.v.dtype = f.x.dtype;
+  c.float_type(args.conv_weight, "conv_weight", &f.conv_weight.dtype, true, kFloats);
+  f.W = args.conv_weight.shape[1];
+  c.dim(args.conv_weight, "conv_weight", 0, f.D, "D");
+  if (c.ok() && (f.W < 2 || f.W > 4))
+    c.fail("conv_weight.shape[1] (W) must be in 2..4, got " + std::to_string(f.W));
+  if (args.conv_bias.defined()) {
+    c.rank(args.conv_bias, "conv_bias", 1, "[D]");
+    c.dim(args.conv_bias, "conv_bias", 0, f.D, "D");
+    c.float_type(args.conv_bias, "conv_bias", &f.conv_bias.dtype, true, kFloats);
+  }
+  c.dim(args.conv_state, "conv_state", 0, args.state.shape[0], "P (the state's slots)");
+  c.dim(args.conv_state, "conv_state", 1, f.D, "D");
+  f.L = args.conv_state.shape[2];
+  if (c.ok() && (f.L < f.W - 1 || f.L > 16))
+    c.fail("conv_state.shape[2] (L) must be in W - 1 = " + std::to_string(f.W - 1) + " .. 16, got " +
+           std::to_string(f.L));
+  c.float_type(args.conv_state, "conv_state", &f.conv_state.dtype, true, kFloats);
+  if (args.conv_inter.defined()) {
+    c.rank(args.conv_inter, "conv_inter", 4, "[B, T, D, L]");
+    c.dim(args.conv_inter, "conv_inter", 0, p.B, "B");
+    c.dim(args.conv_inter, "conv_inter", 1, p.T, "T");
+    c.dim(args.conv_inter, "conv_inter", 2, f.D, "D");
+    c.dim(args.conv_inter, "conv_inter", 3, f.L, "L");
+    if (c.ok() && !same(args.conv_inter.dtype, args.conv_state.dtype))
+      c.fail("conv_inter dtype must match the conv_state dtype " + dtype_name(args.conv_state.dtype) + ", got " +
+             dtype_name(args.conv_inter.dtype));
+  }
+  if (args.norm_weight.defined()) {
+    c.rank(args.norm_weight, "norm_weight", 1, "[V]");
+    c.dim(args.norm_weight, "norm_weight", 0, p.V, "V");
+    c.float_type(args.norm_weight, "norm_weight", &f.norm_weight.dtype, true, kFloats);
+  }
+  if (args.z.defined()) {
+    if (c.ok() && !args.norm_weight.defined())
+      c.fail("z needs norm_weight: the gate silu(z) is part of the gated RMSNorm");
+    c.rank(args.z, "z", 4, "[B, T, HV, V]");
+    c.dim(args.z, "z", 0, p.B, "B");
+    c.dim(args.z, "z", 1, p.T, "T");
+    c.dim(args.z, "z", 2, p.HV, "HV");
+    c.dim(args.z, "z", 3, p.V, "V");
+    c.float_type(args.z, "z", &f.z.dtype, true, kFloats);
+  }
+  if (c.ok() && !(std::isfinite(args.norm_eps) && args.norm_eps >= 0.f))
+    c.fail("norm_eps must be finite and >= 0, got " + std::to_string(args.norm_eps));
+  if (!c.ok()) return c.status;
+
+  check_step(args, p, c);
+  MemList conv;
+  conv.add(args.mixed_qkv, "mixed_qkv", false);
+  conv.add(args.conv_weight, "conv_weight", false);
+  conv.add(args.conv_bias, "conv_bias", false);
+  conv.add(args.conv_state, "conv_state", args.update_state);
+  conv.add(args.conv_inter, "conv_inter", true);
+  conv.add(args.norm_weight, "norm_weight", false);
+  conv.add(args.z, "z", false);
+  check_devices(args, conv, c);
+  if (!c.ok()) return c.status;
+  MemList mem;
+  step_memory(args, mem);
+  for (int i = 0; i < conv.n; ++i) mem.m[mem.n++] = conv.m[i];
+  if (Status s = check_memory(mem); !s.ok()) return s;
+
+  // The step's q, k, v name mixed_qkv's parts: [B, T, H, K] and [B, T, HV, V] views.
+  const TensorView& x = args.mixed_qkv;
+  const int64_t es = x.dtype.bits / 8;
+  f.x.data = x.data;
+  copy_strides(x, &f.x, 3);
+  const auto part = [&](Ptr& dst, int64_t first, int64_t dim) {
+    dst.data = static_cast<char*>(x.data) + first * x.strides[2] * es;
+    dst.s[0] = x.strides[0];
+    dst.s[1] = x.strides[1];
+    dst.s[2] = dim * x.strides[2];
+    dst.s[3] = x.strides[2];
+  };
+  part(p.q, 0, p.K);
+  part(p.k, p.H * p.K, p.K);
+  part(p.v, 2 * p.H * p.K, p.V);
+  const auto take = [](const TensorView& t, Ptr& dst, int n) {
+    if (!t.defined()) return;
+    dst.data = t.data;
+    copy_strides(t, &dst, n);
+  };
+  take(args.conv_weight, f.conv_weight, 2);
+  take(args.conv_bias, f.conv_bias, 1);
+  take(args.conv_state, f.conv_state, 3);
+  take(args.conv_inter, f.conv_inter, 4);
+  f.conv_inter.dtype = f.conv_state.dtype;
+  take(args.norm_weight, f.norm_weight, 1);
+  take(args.z, f.z, 4);
+  f.norm_eps = args.norm_eps;
+  *out = f;
+  return Status::Ok();
+}
+
 }  // namespace gdn::detail

@@ -10,6 +10,8 @@ Status cuda_backend_status() {
 }
 
 Status decode_cuda(const Problem&, void*) { return cuda_backend_status(); }
+Status fused_cuda_status(const FusedProblem&) { return cuda_backend_status(); }
+Status fused_decode_cuda(const FusedProblem&, void*) { return cuda_backend_status(); }
 
 }  // namespace gdn::detail
 

@@ -21,4 +21,23 @@ Status decode(const DecodeArgs& args, void* stream) {
   return s;
 }
 
+Status can_implement(const FusedDecodeArgs& args) {
+  detail::FusedProblem p;
+  Status s = detail::build_fused_problem(args, &p);
+  if (s.ok() && args.state.device.device_type == kDLCUDA) return detail::fused_cuda_status(p);
+  return s;
+}
+
+Status fused_decode(const FusedDecodeArgs& args, void* stream) {
+  detail::FusedProblem p;
+  Status s = detail::build_fused_problem(args, &p);
+  if (!s.ok()) return s;
+  if (args.state.device.device_type == kDLCUDA) {
+    if (s = detail::fused_cuda_status(p); !s.ok()) return s;
+    return p.step.B == 0 ? s : detail::fused_decode_cuda(p, stream);
+  }
+  if (p.step.B > 0) detail::fused_decode_cpu(p);
+  return s;
+}
+
 }  // namespace gdn

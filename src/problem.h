@@ -58,7 +58,7 @@ struct Problem {
 };
 
 // The fused layer step (gdn::fused_decode): the recurrence's Problem plus the conv update and
-// the gated norm (docs/semantics.md section 7). step.q, step.k, step.v view mixed_qkv's parts
+// the gated norm (docs/semantics.md section 6). step.q, step.k, step.v view mixed_qkv's parts
 // (the conv inputs of the newest token); the backends compute the step's q, k, v from the conv.
 struct FusedProblem {
   Problem step;

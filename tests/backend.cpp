@@ -127,6 +127,28 @@ Status run_decode(Backend backend, const Case& c, const std::function<void(Decod
   return st;
 }
 
+Status run_fused(Backend backend, const Case& c, const std::function<void(FusedDecodeArgs&)>& fixup,
+                 Status* can_implement_status) {
+  FusedDecodeArgs args = c.fused_args();
+  if (backend == Backend::kCpu) {
+    if (fixup) fixup(args);
+    if (can_implement_status) *can_implement_status = can_implement(args);
+    return fused_decode(args, nullptr);
+  }
+  Mirror mirror(c.storages());
+  if (std::string err = mirror.upload(); !err.empty()) return Status(StatusCode::kCudaError, "test harness: " + err);
+  int device = 0;
+  cudaGetDevice(&device);
+  for (int i = 0; i < kNumArgs; ++i) mirror.translate(arg_view(args, static_cast<Arg>(i)), device);
+  if (fixup) fixup(args);
+  if (can_implement_status) *can_implement_status = can_implement(args);
+  const Status st = fused_decode(args, nullptr);
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
+    return Status(StatusCode::kCudaError, "test harness: " + cuda_error("cudaDeviceSynchronize after fused_decode", e));
+  if (std::string err = mirror.download(); !err.empty()) return Status(StatusCode::kCudaError, "test harness: " + err);
+  return st;
+}
+
 #else  // no CUDA in this build
 
 std::string backend_unavailable(Backend b) {
@@ -147,6 +169,15 @@ Status run_decode(Backend backend, const Case& c, const std::function<void(Decod
   if (fixup) fixup(args);
   if (can_implement_status) *can_implement_status = can_implement(args);
   return decode(args, nullptr);
+}
+
+Status run_fused(Backend backend, const Case& c, const std::function<void(FusedDecodeArgs&)>& fixup,
+                 Status* can_implement_status) {
+  if (backend != Backend::kCpu) return Status(StatusCode::kNotSupported, "test harness: no CUDA in this build");
+  FusedDecodeArgs args = c.fused_args();
+  if (fixup) fixup(args);
+  if (can_implement_status) *can_implement_status = can_implement(args);
+  return fused_decode(args, nullptr);
 }
 
 #endif

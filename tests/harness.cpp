@@ -340,15 +340,21 @@ const char* arg_name(Arg a) {
   static const char* names[kNumArgs] = {"q",     "k",          "v",           "a",           "b",
                                         "A_log", "dt_bias",    "g",           "beta",        "state",
                                         "read_slots", "write_slots", "token_slots", "num_accepted",
-                                        "inter", "o",          "error_count"};
+                                        "inter", "o",          "error_count", "mixed_qkv", "conv_weight",
+                                        "conv_bias", "conv_state", "conv_inter", "z", "norm_weight"};
   return names[static_cast<int>(a)];
 }
 
-TensorView& arg_view(DecodeArgs& args, Arg a) {
+namespace {
+// Where edits of an argument the call has no place for go.
+TensorView& scratch_view() {
+  static thread_local TensorView v;
+  v = TensorView{};
+  return v;
+}
+
+TensorView& step_view(StepArgs& args, Arg a) {
   switch (a) {
-    case Arg::kQ: return args.q;
-    case Arg::kK: return args.k;
-    case Arg::kV: return args.v;
     case Arg::kA: return args.a;
     case Arg::kB: return args.b;
     case Arg::kALog: return args.A_log;
@@ -363,9 +369,32 @@ TensorView& arg_view(DecodeArgs& args, Arg a) {
     case Arg::kInter: return args.inter;
     case Arg::kO: return args.o;
     case Arg::kErrorCount: return args.error_count;
-    case Arg::kCount: break;
+    default: break;
   }
-  std::abort();
+  return scratch_view();
+}
+}  // namespace
+
+TensorView& arg_view(DecodeArgs& args, Arg a) {
+  switch (a) {
+    case Arg::kQ: return args.q;
+    case Arg::kK: return args.k;
+    case Arg::kV: return args.v;
+    default: return step_view(args, a);
+  }
+}
+
+TensorView& arg_view(FusedDecodeArgs& args, Arg a) {
+  switch (a) {
+    case Arg::kMixedQkv: return args.mixed_qkv;
+    case Arg::kConvWeight: return args.conv_weight;
+    case Arg::kConvBias: return args.conv_bias;
+    case Arg::kConvState: return args.conv_state;
+    case Arg::kConvInter: return args.conv_inter;
+    case Arg::kZ: return args.z;
+    case Arg::kNormWeight: return args.norm_weight;
+    default: return step_view(args, a);
+  }
 }
 
 const TensorView& arg_view(const DecodeArgs& args, Arg a) {
@@ -394,17 +423,35 @@ std::string Config::name() const {
   if (strides == StrideMode::kPage) s << "_page";
   if (strides == StrideMode::kOdd) s << "_odd";
   if (!update_state) s << "_noupd";
+  if (fused)
+    s << "_fused_W" << W << "L" << conv_L << "_c" << dtype_name(conv_dtype) << "_w" << dtype_name(weight_dtype)
+      << (conv_bias ? "_bias" : "") << (conv_inter ? "_cinter" : "") << (conv_transposed ? "_cT" : "")
+      << (norm ? (gate_z ? "_gnorm" : "_norm") : "");
   return sanitize(s.str());
 }
+
+namespace {
+void set_options(const Case& c, StepArgs& a) {
+  a.layout = c.cfg.layout;
+  a.scale = c.cfg.scale;
+  a.use_qk_l2norm = c.cfg.l2norm;
+  a.update_state = c.cfg.update_state;
+  a.check_duplicate_writes = c.check_duplicate_writes;
+}
+}  // namespace
 
 DecodeArgs Case::args() const {
   DecodeArgs a;
   for (int i = 0; i < kNumArgs; ++i) arg_view(a, static_cast<Arg>(i)) = t[i].view();
-  a.layout = cfg.layout;
-  a.scale = cfg.scale;
-  a.use_qk_l2norm = cfg.l2norm;
-  a.update_state = cfg.update_state;
-  a.check_duplicate_writes = check_duplicate_writes;
+  set_options(*this, a);
+  return a;
+}
+
+FusedDecodeArgs Case::fused_args() const {
+  FusedDecodeArgs a;
+  for (int i = 0; i < kNumArgs; ++i) arg_view(a, static_cast<Arg>(i)) = t[i].view();
+  set_options(*this, a);
+  a.norm_eps = cfg.norm_eps;
   return a;
 }
 
@@ -473,6 +520,8 @@ void fill_inputs(Case& c, uint64_t seed) {
   fill_normal(c[Arg::kQ], rng, 1.0);
   fill_normal(c[Arg::kK], rng, 1.0);
   fill_normal(c[Arg::kV], rng, 1.0);
+  fill_normal(c[Arg::kMixedQkv], rng, 1.0);
+  fill_normal(c[Arg::kZ], rng, 1.0);
   if (!cfg.l2norm && cfg.normalize_keys_without_l2norm) normalize_keys(c[Arg::kK]);
   if (cfg.gates == GateForm::kRaw) {
     fill_normal(c[Arg::kA], rng, 1.0);
@@ -496,6 +545,7 @@ Case make_case(const Config& cfg, uint64_t seed) {
   const int64_t B = cfg.B, T = cfg.T, H = cfg.H, HV = cfg.HV, K = cfg.K, V = cfg.V;
   const int64_t rows = cfg.rows(), cols = cfg.cols();
   const bool odd = cfg.strides == StrideMode::kOdd;
+  const bool odd_state = odd && !cfg.fused;
   const bool packed = cfg.strides != StrideMode::kCompact;
   const int64_t lead = odd ? 1 : 0;
   const int64_t over = cfg.oversize;
@@ -512,8 +562,22 @@ Case make_case(const Config& cfg, uint64_t seed) {
     return view_into(st, lead_elems, dt, std::move(shape), std::move(strides));
   };
 
-  // q, k, v: separate compact tensors, or views into one packed qkv buffer.
-  if (!packed) {
+  // q, k, v: separate compact tensors, or views into one packed qkv buffer. Fused: mixed_qkv
+  // [B, T, D] instead (with z packed behind it in the padded modes, as a qkvz projection).
+  if (cfg.fused) {
+    const int64_t D = cfg.D();
+    if (!packed) {
+      c[Arg::kMixedQkv] = tensor(cfg.input_dtype, {B, T, D}, {}, 0);
+      if (cfg.gate_z) c[Arg::kZ] = tensor(cfg.input_dtype, {B, T, HV, V}, {}, 0);
+    } else {
+      const int64_t xi = odd ? 2 : 1;  // odd: mixed_qkv walks its channels with stride 2
+      const int64_t row = xi * D + HV * V + (odd ? 3 : 64);
+      auto st = storage_for(cfg.input_dtype, lead + B * T * row);
+      c[Arg::kMixedQkv] = view_into(st, lead, cfg.input_dtype, {B, T, D}, {T * row, row, xi});
+      if (cfg.gate_z)
+        c[Arg::kZ] = view_into(st, lead + xi * D, cfg.input_dtype, {B, T, HV, V}, {T * row, row, V, 1});
+    }
+  } else if (!packed) {
     c[Arg::kQ] = tensor(cfg.input_dtype, {B, T, H, K}, {}, 0);
     c[Arg::kK] = tensor(cfg.input_dtype, {B, T, H, K}, {}, 0);
     c[Arg::kV] = tensor(cfg.input_dtype, {B, T, HV, V}, {}, 0);
@@ -566,11 +630,30 @@ Case make_case(const Config& cfg, uint64_t seed) {
     c.P = 4 * B + cfg.extra_slots;
   const int64_t P = c.P;
 
+  // The fused step's conv pool [P, D, L]: compact, or [P, L, D] memory seen transposed (vLLM);
+  // in page mode it shares each slot's page with the state, in front of it (vLLM's hybrid
+  // cache: two strided views of one buffer that the overlap checks must accept).
+  const int64_t D = cfg.D(), Lc = cfg.conv_L;
+  const auto conv_strides = [&](int64_t slot_stride) -> std::vector<int64_t> {
+    return cfg.conv_transposed ? std::vector<int64_t>{slot_stride, 1, D} : std::vector<int64_t>{slot_stride, Lc, 1};
+  };
   // State pool: compact; page-padded and interleaved with another per-slot buffer (a
   // conv state, as in engines' hybrid caches) in front; or odd paddings everywhere.
-  if (!packed) {
+  if (cfg.fused && cfg.strides == StrideMode::kPage) {
+    const size_t ses = dtype_size(cfg.state_dtype), ces = dtype_size(cfg.conv_dtype);
+    const size_t conv_bytes = (static_cast<size_t>(D * Lc) * ces + 255) / 256 * 256;
+    const int64_t rs = cols + 32, hs = rows * rs + 64;
+    const size_t page = (conv_bytes + static_cast<size_t>(HV * hs) * ses + 4095) / 4096 * 4096;
+    auto st = Storage::heap(page * static_cast<size_t>(P) * over, next_seed());
+    c[Arg::kConvState] = view_into(st, 0, cfg.conv_dtype, {P, D, Lc}, conv_strides(static_cast<int64_t>(page / ces)));
+    c[Arg::kState] = view_into(st, static_cast<int64_t>(conv_bytes / ses), cfg.state_dtype, {P, HV, rows, cols},
+                               {static_cast<int64_t>(page / ses), hs, rs, 1});
+  } else if (!packed) {
     c[Arg::kState] = tensor(cfg.state_dtype, {P, HV, rows, cols}, {}, 0);
   } else {
+    // The fused step's CUDA path takes 16-byte aligned pools only (fused_cuda_status), so its
+    // odd cases keep the state and inter aligned and misalign everything else.
+    const bool odd = odd_state;
     const int64_t conv = odd ? 7 : 256;
     const int64_t rs = cols + (odd ? 1 : 32);
     const int64_t hs = rows * rs + (odd ? 3 : 64);
@@ -584,11 +667,11 @@ Case make_case(const Config& cfg, uint64_t seed) {
     if (cfg.inter == InterMode::kCompact) {
       c[Arg::kInter] = tensor(cfg.state_dtype, {B, T, HV, rows, cols}, {}, 0);
     } else {
-      const int64_t rs = cols + (odd ? 1 : 0);
-      const int64_t hs = rows * rs + 32 + (odd ? 1 : 0);
+      const int64_t rs = cols + (odd_state ? 1 : 0);
+      const int64_t hs = rows * rs + 32 + (odd_state ? 1 : 0);
       const int64_t ts = HV * hs + 64;
-      const int64_t bs = T * ts + 7;
-      c[Arg::kInter] = tensor(cfg.state_dtype, {B, T, HV, rows, cols}, {bs, ts, hs, rs, 1}, lead);
+      const int64_t bs = T * ts + (cfg.fused ? 8 : 7);  // decode: a batch stride off the 16-byte grid
+      c[Arg::kInter] = tensor(cfg.state_dtype, {B, T, HV, rows, cols}, {bs, ts, hs, rs, 1}, odd_state ? lead : 0);
     }
   }
 
@@ -597,6 +680,27 @@ Case make_case(const Config& cfg, uint64_t seed) {
   } else {
     const int64_t hs = V + (odd ? 1 : 32), ts = HV * hs + (odd ? 3 : 64), bs = T * ts + (odd ? 5 : 128);
     c[Arg::kO] = tensor(cfg.out_dtype, {B, T, HV, V}, {bs, ts, hs, 1}, lead);
+  }
+
+  if (cfg.fused) {
+    if (!c[Arg::kConvState].defined()) {
+      if (odd) {  // odd padding between slots and channels
+        const int64_t cs = cfg.conv_transposed ? Lc * (D + 1) + 3 : D * (Lc + 1) + 3;
+        const std::vector<int64_t> st = cfg.conv_transposed ? std::vector<int64_t>{cs, 1, D + 1}
+                                                            : std::vector<int64_t>{cs, Lc + 1, 1};
+        c[Arg::kConvState] = tensor(cfg.conv_dtype, {P, D, Lc}, st, lead);
+      } else {
+        c[Arg::kConvState] = tensor(cfg.conv_dtype, {P, D, Lc}, conv_strides(D * Lc), 0);
+      }
+    }
+    // conv_weight: torch's [D, 1, W] memory, or (odd) a transposed [W, D] buffer.
+    c[Arg::kConvWeight] = odd ? tensor(cfg.weight_dtype, {D, cfg.W}, {1, D}, lead)
+                              : tensor(cfg.weight_dtype, {D, cfg.W}, {}, 0);
+    if (cfg.conv_bias) c[Arg::kConvBias] = tensor(cfg.weight_dtype, {D}, {packed ? 3 : 1}, lead);
+    if (cfg.conv_inter)
+      c[Arg::kConvInter] = packed ? tensor(cfg.conv_dtype, {B, T, D, Lc}, {T * D * (Lc + 2) + 5, D * (Lc + 2), 1, D + 1}, lead)
+                                  : tensor(cfg.conv_dtype, {B, T, D, Lc}, {}, 0);
+    if (cfg.norm) c[Arg::kNormWeight] = tensor(cfg.weight_dtype, {V}, {packed ? 2 : 1}, lead);
   }
 
   if (cfg.error_count) {
@@ -687,10 +791,19 @@ Case make_case(const Config& cfg, uint64_t seed) {
       fill_normal(c[Arg::kDtBias], rng, 0.1);
     }
     for (int64_t p = 0; p < P; ++p) fill_state_slot(c, p, srng);
+    if (cfg.fused) {
+      // Conv weights of a trained layer's scale (|sum_w| ~ 1), past inputs like the new ones.
+      fill_normal(c[Arg::kConvWeight], rng, 0.5);
+      fill_normal(c[Arg::kConvBias], rng, 0.1);
+      fill_normal(c[Arg::kConvState], rng, 1.0);
+      const HostTensor& w = c[Arg::kNormWeight];
+      if (w.defined()) w.for_each([&](const int64_t* idx) { w.set(idx, 1.0 + 0.2 * rng.normal()); });
+    }
   }
   fill_inputs(c, seed);
   poison(c[Arg::kO]);
   poison(c[Arg::kInter]);
+  poison(c[Arg::kConvInter]);
   return c;
 }
 
@@ -710,7 +823,13 @@ std::string sanitize(const std::string& s) {
   return r;
 }
 
-Status run_reference(const Case& c) { return reference::decode(c.args()); }
+Status run_reference(const Case& c) {
+  return c.cfg.fused ? reference::fused_decode(c.fused_args()) : reference::decode(c.args());
+}
+
+Status run_case(Backend backend, const Case& c) {
+  return c.cfg.fused ? run_fused(backend, c) : run_decode(backend, c);
+}
 
 // ---------------------------------------------------------------------------------------
 // Expected effects
@@ -901,6 +1020,23 @@ std::vector<int64_t> matrix_offsets(const HostTensor& x, std::initializer_list<i
   return off;
 }
 
+// Offsets of every element of the sub-tensor of x at leading indices `lead`, any strides.
+std::vector<int64_t> all_offsets(const HostTensor& x, std::initializer_list<int64_t> lead) {
+  const int nd = x.ndim(), nl = static_cast<int>(lead.size());
+  int64_t base = 0;
+  int i = 0;
+  for (int64_t l : lead) base += l * x.strides[i++];
+  std::vector<int64_t> off{base};
+  for (int d = nl; d < nd; ++d) {
+    std::vector<int64_t> next;
+    next.reserve(off.size() * x.shape[d]);
+    for (int64_t o : off)
+      for (int64_t j = 0; j < x.shape[d]; ++j) next.push_back(o + j * x.strides[d]);
+    off.swap(next);
+  }
+  return off;
+}
+
 bool same_elements(const HostTensor& x, const HostTensor& y, const std::vector<int64_t>& offsets) {
   const size_t sz = dtype_size(x.dtype);
   for (int64_t off : offsets)
@@ -1014,6 +1150,45 @@ void check_effects(const Case& before, const Case& after, const Expected& e, con
       }
   }
 
+  // The fused step's conv pool follows the state's slots; conv_inter follows inter.
+  if (cfg.fused) {
+    const HostTensor& cs = after[Arg::kConvState];
+    const HostTensor& ci = after[Arg::kConvInter];
+    for (int64_t slot : slots_to_check(before)) {
+      const bool same = same_elements(cs, before[Arg::kConvState], all_offsets(cs, {slot}));
+      if (written.count(slot)) {
+        if (!dups.count(slot) && same) report("conv_state[slot " + std::to_string(slot) + "] should have been written but is unchanged");
+      } else if (!same) {
+        report("conv_state[slot " + std::to_string(slot) + "] is not named for writing by the call but changed");
+      }
+    }
+    if (ci.defined())
+      for (int64_t n = 0; n < B; ++n) {
+        if (e.rows[n].kind != RowKind::kValid)
+          for (int64_t t = 0; t < T; ++t)
+            if (!same_elements(ci, before[Arg::kConvInter], all_offsets(ci, {n, t})))
+              report("conv_inter[" + std::to_string(n) + ", " + std::to_string(t) + "] of a padding/invalid row was written");
+      }
+    if (ci.defined()) {
+      std::map<int64_t, int> times_written;
+      for (const auto& r : e.rows)
+        for (const auto& [t, slot] : r.writes) ++times_written[slot];
+      for (int64_t n = 0; n < B; ++n)
+        for (const auto& [t, slot] : e.rows[n].writes) {
+          if (times_written[slot] != 1) continue;
+          const auto so = all_offsets(cs, {slot});
+          const auto io = all_offsets(ci, {n, t});
+          const size_t sz = dtype_size(cs.dtype);
+          for (size_t i = 0; i < so.size(); ++i)
+            if (std::memcmp(cs.ptr() + so[i] * sz, ci.ptr() + io[i] * sz, sz) != 0) {
+              report("conv_state[slot " + std::to_string(slot) + "] differs from conv_inter[" + std::to_string(n) +
+                     ", " + std::to_string(t) + "] at element " + std::to_string(i));
+              break;
+            }
+        }
+    }
+  }
+
   // Every byte outside o, inter, error_count and the written slots: inputs, unwritten
   // slots, the other half of an interleaved pool, all padding between elements.
   const auto sb = before.storages();
@@ -1021,7 +1196,7 @@ void check_effects(const Case& before, const Case& after, const Expected& e, con
   for (size_t i = 0; i < sb.size(); ++i) {
     if (sb[i]->sparse()) continue;  // only its named slots exist; compared above
     std::vector<uint8_t> mask(sb[i]->bytes(), 0);
-    for (Arg a : {Arg::kO, Arg::kInter, Arg::kErrorCount}) {
+    for (Arg a : {Arg::kO, Arg::kInter, Arg::kErrorCount, Arg::kConvInter}) {
       const HostTensor& t = after[a];
       if (!t.defined() || t.storage != sa[i]) continue;
       std::vector<int64_t> off;
@@ -1031,6 +1206,9 @@ void check_effects(const Case& before, const Case& after, const Expected& e, con
     if (st.storage == sa[i])
       for (int64_t slot : e.written_slots)
         for (int64_t h = 0; h < HV; ++h) mark(mask, st, matrix_offsets(st, {slot, h}));
+    const HostTensor& cst = after[Arg::kConvState];
+    if (cst.defined() && cst.storage == sa[i])
+      for (int64_t slot : e.written_slots) mark(mask, cst, all_offsets(cst, {slot}));
     const std::byte* x = sb[i]->data();
     const std::byte* y = sa[i]->data();
     for (size_t b = 0; b < sb[i]->bytes(); ++b) {
@@ -1099,6 +1277,25 @@ void expect_matches(const Case& before_want, const Case& want, const Case& befor
       add_rows(cs, gs, want[Arg::kState], matrix_offsets(gs, {slot, h}), slot_where(slot, h));
   }
   cs.finish();
+
+  // The conv pool and conv_inter hold copies of inputs (rounded to their dtype once): exact.
+  if (cfg.fused) {
+    const HostTensor& gc = got[Arg::kConvState];
+    int reports = 0;
+    for (int64_t slot : e.written_slots) {
+      if (dups.count(slot)) continue;
+      if (!same_elements(gc, want[Arg::kConvState], all_offsets(gc, {slot})) && ++reports <= kMaxReports)
+        ADD_FAILURE() << what << ": conv_state[slot " << slot << "] differs from the oracle's";
+    }
+    const HostTensor& gi = got[Arg::kConvInter];
+    if (gi.defined())
+      for (int64_t n = 0; n < B; ++n) {
+        if (e.rows[n].kind != RowKind::kValid) continue;
+        for (int64_t t = 0; t < T; ++t)
+          if (!same_elements(gi, want[Arg::kConvInter], all_offsets(gi, {n, t})) && ++reports <= kMaxReports)
+            ADD_FAILURE() << what << ": conv_inter[" << n << ", " << t << "] differs from the oracle's";
+      }
+  }
 }
 
 ::testing::AssertionResult same_bits(const Case& x, const Case& y) {
@@ -1131,7 +1328,7 @@ void run_and_compare(Backend backend, const Case& before, const Tolerance& tol) 
   const Status rs = run_reference(want);
   ASSERT_TRUE(rs.ok()) << "oracle rejected a valid call: " << rs.message();
   Case got = before.clone();
-  const Status st = run_decode(backend, got);
+  const Status st = run_case(backend, got);
   ASSERT_TRUE(st.ok()) << backend_name(backend) << " rejected a valid call: " << st.message();
   expect_matches(before, want, got, tol, backend_name(backend));
 }

@@ -118,12 +118,17 @@ void poison(const HostTensor& t);
 // ---------------------------------------------------------------------------------------
 enum class Arg : int {
   kQ, kK, kV, kA, kB, kALog, kDtBias, kG, kBeta, kState,
-  kReadSlots, kWriteSlots, kTokenSlots, kNumAccepted, kInter, kO, kErrorCount, kCount
+  kReadSlots, kWriteSlots, kTokenSlots, kNumAccepted, kInter, kO, kErrorCount,
+  // The fused step's own tensors (gdn::FusedDecodeArgs); a fused case has no q, k, v.
+  kMixedQkv, kConvWeight, kConvBias, kConvState, kConvInter, kZ, kNormWeight, kCount
 };
 constexpr int kNumArgs = static_cast<int>(Arg::kCount);
 const char* arg_name(Arg a);
+// The view of `a` in the call's arguments; for an argument the struct does not have (q in a
+// fused call, conv_state in a decode call) a scratch view whose edits go nowhere.
 TensorView& arg_view(DecodeArgs& args, Arg a);
 const TensorView& arg_view(const DecodeArgs& args, Arg a);
+TensorView& arg_view(FusedDecodeArgs& args, Arg a);
 
 enum class GateForm { kRaw, kPrecomputed };
 enum class Addressing {
@@ -165,6 +170,22 @@ struct Config {
   int oversize = 1;         // storages this many times larger (error tests: safe if a bad
                             // dtype or shape slipped through and were read)
 
+  // The fused layer step (gdn::fused_decode): q, k, v come from a causal conv over mixed_qkv
+  // [B, T, D] (input_dtype, like z); StrideMode kPage interleaves the conv pool with the state
+  // pool slot by slot (vLLM's hybrid cache), kOdd gives mixed_qkv an innermost stride of 2.
+  bool fused = false;
+  int64_t W = 4;                         // conv taps
+  int64_t conv_L = 3;                    // conv-state columns (vLLM: W - 1; transformers: W)
+  DLDataType conv_dtype = kBFloat16;     // conv_state, conv_inter
+  DLDataType weight_dtype = kBFloat16;   // conv_weight, conv_bias, norm_weight
+  bool conv_bias = false;
+  bool conv_inter = false;
+  bool conv_transposed = true;  // conv_state as [P, L, D] memory viewed as [P, D, L] (vLLM)
+  bool norm = true;             // norm_weight: the gated RMSNorm
+  bool gate_z = true;           // z (needs norm)
+  float norm_eps = 1e-6f;
+  int64_t D() const { return 2 * H * K + HV * V; }
+
   int64_t rows() const { return layout == StateLayout::kVK ? V : K; }
   int64_t cols() const { return layout == StateLayout::kVK ? K : V; }
   std::string name() const;
@@ -180,6 +201,7 @@ struct Case {
   HostTensor& operator[](Arg a) { return t[static_cast<int>(a)]; }
   const HostTensor& operator[](Arg a) const { return t[static_cast<int>(a)]; }
   DecodeArgs args() const;
+  FusedDecodeArgs fused_args() const;  // cfg.fused cases
   std::vector<std::shared_ptr<Storage>> storages() const;  // distinct, in a fixed order
   Case clone() const;
 };
@@ -211,6 +233,12 @@ bool device_can_allocate(Backend b, size_t bytes, std::string* why);
 Status run_decode(Backend backend, const Case& c,
                   const std::function<void(DecodeArgs&)>& fixup = {},
                   Status* can_implement_status = nullptr);
+// The same for gdn::fused_decode (cfg.fused cases).
+Status run_fused(Backend backend, const Case& c, const std::function<void(FusedDecodeArgs&)>& fixup = {},
+                 Status* can_implement_status = nullptr);
+// run_decode or run_fused, by c.cfg.fused.
+Status run_case(Backend backend, const Case& c);
+// The oracle (reference::decode, or reference::fused_decode for fused cases).
 Status run_reference(const Case& c);
 
 // ---------------------------------------------------------------------------------------

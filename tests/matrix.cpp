@@ -1,15 +1,12 @@
-// The configuration matrix of SPEC section 6, as a covering array: every pair of levels of
-// any two factors (B, T, heads, K, V, layout, dtypes, gate form, l2norm, scale, addressing,
-// padding, intermediate cache, strides, update_state) appears in at least one case. The full
-// product is millions of calls; pairs catch the interactions that single factors miss, at a
-// cost the float64 oracle can run in seconds. Cases are generated deterministically.
-#include <algorithm>
+// The configuration matrix of SPEC section 6, as a covering array (covering.h): every pair of
+// levels of any two factors (B, T, heads, K, V, layout, dtypes, gate form, l2norm, scale,
+// addressing, padding, intermediate cache, strides, update_state) appears in at least one case.
 #include <array>
-#include <random>
+#include <cstdio>
 #include <set>
-#include <tuple>
 #include <vector>
 
+#include "covering.h"
 #include "harness.h"
 
 namespace gdn::test {
@@ -38,7 +35,7 @@ const std::pair<Addressing, DLDataType> kAddr[] = {
 constexpr int64_t kMaxWork = int64_t{1} << 23;
 constexpr int64_t kMaxPool = int64_t{1} << 23;
 
-using Assignment = std::array<int, kNumFactors>;  // -1: not chosen yet
+using Assignment = std::vector<int>;  // -1: not chosen yet
 
 bool feasible(const Assignment& a) {
   const bool pad = a[kFPadding] == 1;
@@ -59,78 +56,9 @@ bool feasible(const Assignment& a) {
   return B * T * HV * K * V <= kMaxWork && P * HV * K * V <= kMaxPool;
 }
 
-using Pair = std::tuple<int, int, int, int>;  // (factor, level, factor, level), first factor smaller
-
 std::vector<Config> generate() {
-  std::set<Pair> uncovered;
-  for (int f = 0; f < kNumFactors; ++f)
-    for (int g = f + 1; g < kNumFactors; ++g)
-      for (int l = 0; l < kLevels[f]; ++l)
-        for (int m = 0; m < kLevels[g]; ++m) {
-          Assignment a;
-          a.fill(-1);
-          a[f] = l;
-          a[g] = m;
-          if (feasible(a)) uncovered.emplace(f, l, g, m);
-        }
-  const auto gain = [&](const Assignment& a, int f) {
-    int n = 0;
-    for (int g = 0; g < kNumFactors; ++g) {
-      if (g == f || a[g] < 0) continue;
-      n += f < g ? uncovered.count({f, a[f], g, a[g]}) : uncovered.count({g, a[g], f, a[f]});
-    }
-    return n;
-  };
-
-  std::mt19937 rng(20261122);
-  std::vector<Assignment> rows;
-  while (!uncovered.empty()) {
-    Assignment best;
-    int best_gain = -1;
-    for (int attempt = 0; attempt < 24; ++attempt) {
-      Assignment a;
-      a.fill(-1);
-      auto it = uncovered.begin();
-      if (attempt > 0) std::advance(it, rng() % uncovered.size());
-      const auto [f0, l0, g0, m0] = *it;
-      a[f0] = l0;
-      a[g0] = m0;
-      std::vector<int> order;
-      for (int f = 0; f < kNumFactors; ++f)
-        if (a[f] < 0) order.push_back(f);
-      std::shuffle(order.begin(), order.end(), rng);
-      bool dead_end = false;
-      for (int f : order) {
-        int pick = -1, pick_gain = -1;
-        const int start = static_cast<int>(rng() % kLevels[f]);
-        for (int i = 0; i < kLevels[f]; ++i) {
-          const int l = (start + i) % kLevels[f];
-          a[f] = l;
-          if (!feasible(a)) continue;
-          const int gn = gain(a, f);
-          if (gn > pick_gain) pick = l, pick_gain = gn;
-        }
-        a[f] = pick;
-        if (pick < 0) {
-          dead_end = true;
-          break;
-        }
-      }
-      if (dead_end) continue;
-      int total = 0;
-      for (int f = 0; f < kNumFactors; ++f)
-        for (int g = f + 1; g < kNumFactors; ++g) total += uncovered.count({f, a[f], g, a[g]});
-      if (total > best_gain) best = a, best_gain = total;
-    }
-    if (best_gain <= 0) {  // no completion found for this pair within the budget: drop it
-      uncovered.erase(uncovered.begin());
-      continue;
-    }
-    for (int f = 0; f < kNumFactors; ++f)
-      for (int g = f + 1; g < kNumFactors; ++g) uncovered.erase({f, best[f], g, best[g]});
-    rows.push_back(best);
-  }
-
+  const std::vector<std::vector<int>> rows =
+      covering_array(std::vector<int>(kLevels.begin(), kLevels.end()), feasible, 20261122);
   std::vector<Config> out;
   for (const Assignment& a : rows) {
     Config c;

@@ -243,6 +243,103 @@ TEST(Oracle, TwoTokensEqualTwoCalls) {
   EXPECT_GT(den, 0.0);
 }
 
+// The fused oracle against the definition written the way transformers writes it: the conv
+// as conv1d (no padding) over cat([conv_state, x]) keeping the last T outputs, SiLU, the split,
+// then the decode oracle on those q, k, v (stored in fp32), then the gated RMSNorm; and the conv
+// state afterwards = the last L columns of the cat. fp32 storage everywhere, so the only
+// difference is the fp32 rounding of the conv outputs: far inside the 1e-5 bound.
+TEST(Oracle, FusedIsConvThenDecodeThenGatedNorm) {
+  for (int64_t W : {2, 4}) {
+    for (int64_t L : {W - 1, W + 1}) {
+      for (bool norm : {false, true}) {
+        SCOPED_TRACE("W=" + std::to_string(W) + " L=" + std::to_string(L) + (norm ? " norm" : ""));
+        Config cfg;
+        cfg.fused = true;
+        cfg.B = 2;
+        cfg.T = 3;
+        cfg.H = 1;
+        cfg.HV = 2;
+        cfg.addressing = Addressing::kPool;
+        cfg.input_dtype = cfg.out_dtype = cfg.conv_dtype = cfg.weight_dtype = kFloat32;
+        cfg.W = W;
+        cfg.conv_L = L;
+        cfg.conv_bias = true;
+        cfg.norm = cfg.gate_z = norm;
+        cfg.conv_transposed = false;
+        const Case before = make_case(cfg, 7 + W + L);
+        Case fused = before.clone();
+        ASSERT_TRUE(run_reference(fused).ok());
+
+        // The same call as decode on explicit conv outputs.
+        Config dcfg = cfg;
+        dcfg.fused = false;
+        Case dec = make_case(dcfg, 99);
+        const Case copy = before.clone();  // the same gates, slots and starting state
+        for (Arg a : {Arg::kA, Arg::kB, Arg::kALog, Arg::kDtBias, Arg::kReadSlots, Arg::kErrorCount, Arg::kState})
+          dec[a] = copy[a];
+        const int64_t B = cfg.B, T = cfg.T, K = cfg.K, V = cfg.V, HV = cfg.HV, D = cfg.D();
+        const HostTensor &x = before[Arg::kMixedQkv], &w = before[Arg::kConvWeight], &bias = before[Arg::kConvBias],
+                         &cs = before[Arg::kConvState], &rs = before[Arg::kReadSlots];
+        std::vector<double> y(B * T * D);
+        for (int64_t n = 0; n < B; ++n) {
+          const int64_t slot = static_cast<int64_t>(rs.get({n}));
+          for (int64_t d = 0; d < D; ++d) {
+            std::vector<double> cat;
+            for (int64_t j = 0; j < L; ++j) cat.push_back(cs.get({slot, d, j}));
+            for (int64_t t = 0; t < T; ++t) cat.push_back(x.get({n, t, d}));
+            const int64_t outs = L + T - W + 1;  // conv1d without padding
+            for (int64_t t = 0; t < T; ++t) {
+              const int64_t i = outs - T + t;
+              double acc = bias.get({d});
+              for (int64_t k = 0; k < W; ++k) acc += w.get({d, k}) * cat[i + k];
+              y[(n * T + t) * D + d] = acc / (1.0 + std::exp(-acc));
+            }
+            // The conv state afterwards: the last L columns of cat.
+            for (int64_t j = 0; j < L; ++j)
+              EXPECT_EQ(fused[Arg::kConvState].get({slot, d, j}), cat[T + j]) << "n " << n << " d " << d << " j " << j;
+          }
+        }
+        for (int64_t n = 0; n < B; ++n)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < K; ++i) {
+              dec[Arg::kQ].set({n, t, 0, i}, y[(n * T + t) * D + i]);
+              dec[Arg::kK].set({n, t, 0, i}, y[(n * T + t) * D + K + i]);
+            }
+        for (int64_t n = 0; n < B; ++n)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t hv = 0; hv < HV; ++hv)
+              for (int64_t r = 0; r < V; ++r) dec[Arg::kV].set({n, t, hv, r}, y[(n * T + t) * D + 2 * K + hv * V + r]);
+        ASSERT_TRUE(run_reference(dec).ok());
+        std::vector<float> got, want;
+        for (int64_t n = 0; n < B; ++n)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t hv = 0; hv < HV; ++hv) {
+              double ss = 0;
+              for (int64_t r = 0; r < V; ++r) ss += std::pow(dec[Arg::kO].get({n, t, hv, r}), 2);
+              for (int64_t r = 0; r < V; ++r) {
+                double o = dec[Arg::kO].get({n, t, hv, r});
+                if (norm) {
+                  const double z = before[Arg::kZ].get({n, t, hv, r});
+                  o *= before[Arg::kNormWeight].get({r}) / std::sqrt(ss / V + cfg.norm_eps) * z / (1 + std::exp(-z));
+                }
+                want.push_back(static_cast<float>(o));
+                got.push_back(static_cast<float>(fused[Arg::kO].get({n, t, hv, r})));
+              }
+            }
+        reference::Agreement a;
+        reference::compare_vectors(got.data(), want.data(), kFloat32, B * T * HV, V, &a);
+        EXPECT_TRUE(a.ok()) << a.summary() << " " << a.worst_summary();
+        for (int64_t hv = 0; hv < HV; ++hv)  // the state written by both
+          for (int64_t n = 0; n < B; ++n) {
+            const int64_t slot = static_cast<int64_t>(rs.get({n}));
+            for (int64_t r = 0; r < V; r += 17)
+              EXPECT_NEAR(fused[Arg::kState].get({slot, hv, r, 5}), dec[Arg::kState].get({slot, hv, r, 5}), 1e-5);
+          }
+      }
+    }
+  }
+}
+
 // The shared rounding (src/host_dtype.h) and ulp distance (reference/compare.h) that the
 // harness and the comparator rely on.
 TEST(Harness, RoundToNearestEven) {

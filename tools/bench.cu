@@ -62,7 +62,13 @@ struct Config {
   int B;
   bool cache;
   bool update;
+  bool fused = false;  // gdn::fused_decode (op "fused") instead of gdn::decode
 };
+
+// The fused step's conv, as the models have it: W = 4 taps, a bf16 conv pool of L = W - 1
+// columns in vLLM's [P, L, D] memory (a transposed view), the gated RMSNorm on.
+constexpr int64_t kConvW = 4;
+constexpr int64_t kConvL = 3;
 
 // ---------------------------------------------------------------------------------------
 // Random fill on the device: a counter hash to a uniform in [-amp, amp) (never all zeros;
@@ -147,6 +153,7 @@ double copy_ceiling_tbs(cudaStream_t s) {
 }
 
 struct Options {
+  std::string op = "decode";
   std::string model = "all", state = "all", mode = "all", layout = "default";
   std::string cache = "all", update = "all";
   std::vector<int> T, B;
@@ -164,9 +171,12 @@ struct Result {
   double copy_us = -1;  // the same-bytes copy kernel (--copy-kernel; < 0: not measured)
 };
 
-// The tensors of one configuration: shared inputs plus N state sets.
+// The tensors of one configuration: shared inputs plus N state sets (decode), or the same as
+// fused-step arguments (fsets: mixed_qkv, conv weights, z and norm weight shared; each set its
+// own conv pool next to its state pool).
 struct Setup {
   std::vector<gdn::DecodeArgs> sets;
+  std::vector<gdn::FusedDecodeArgs> fsets;
   double bytes = 0;  // floor model: valid rows' state read (+ write) (+ inter), plus inputs
   const int32_t* read_slots = nullptr;  // device, [B]; nullptr in dense mode
   int64_t slot_bytes = 0;               // state bytes of one slot (HV * rows * cols * es)
@@ -186,9 +196,13 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
   const int64_t P = c.mode == Mode::kDense ? B : 4 * B;
 
   // Bytes each call must move (the floor model), and how many state sets keep it cold.
-  const double state_bytes = double(valid) * mat * es * (c.update ? 2 : 1);
+  const int64_t D = 2 * H * K + HV * V;
+  const int64_t conv_elems = c.fused ? D * kConvL : 0;  // per slot
+  const double state_bytes = double(valid) * (mat * es + conv_elems * 2) * (c.update ? 2 : 1);
   const double inter_bytes = c.cache ? double(valid) * T * mat * es : 0;
-  const double input_bytes = double(B) * T * (2 * H * K + 2 * HV * V) * 2 + double(B) * T * HV * 4;
+  // q, k, v (or mixed_qkv), z, o and the gates; the conv weights once.
+  const double input_bytes = double(B) * T * (2 * H * K + 2 * HV * V) * 2 + double(B) * T * HV * 4 +
+                             (c.fused ? double(B) * T * HV * V * 2 + D * kConvW * 2 : 0);
   Setup su;
   su.bytes = state_bytes + inter_bytes + input_bytes;
   su.slot_bytes = mat * es;
@@ -238,8 +252,8 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
     GDN_BENCH_CHECK(cudaStreamSynchronize(s));  // host vectors die here
   }
 
-  const size_t set_bytes = ((P * mat * es + 255) / 256 * 256) +
-                           (c.cache ? (B * T * mat * es + 255) / 256 * 256 : 0) + 512;
+  const size_t set_bytes = ((P * mat * es + 255) / 256 * 256) + ((P * conv_elems * 2 + 255) / 256 * 256) +
+                           (c.cache ? (B * T * mat * es + 255) / 256 * 256 : 0) + 768;
   N = std::min<int64_t>(N, static_cast<int64_t>(arena.left() / set_bytes));
   if (N < 1) throw std::runtime_error("configuration does not fit in device memory");
 
@@ -259,6 +273,23 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
     su.read_slots = static_cast<const int32_t*>(rs);
   }
   if (c.mode == Mode::kSplit) base.write_slots = gdn::make_view(ws, gdn::kInt32, dl, {B});
+  // The fused step's own inputs: mixed_qkv in place of q, k, v, the conv weights, z, the norm.
+  gdn::FusedDecodeArgs fbase;
+  if (c.fused) {
+    auto* x = arena.take(B * T * D * 2);
+    auto* cw = arena.take(D * kConvW * 2);
+    auto* z = arena.take(B * T * HV * V * 2);
+    auto* nw = arena.take(V * 2);
+    fill<__nv_bfloat16>(x, B * T * D, 1.732f, seed + 7, s);
+    fill<__nv_bfloat16>(cw, D * kConvW, 0.866f, seed + 8, s);
+    fill<__nv_bfloat16>(z, B * T * HV * V, 1.732f, seed + 9, s);
+    fill<__nv_bfloat16>(nw, V, 1.732f, seed + 10, s);
+    static_cast<gdn::StepArgs&>(fbase) = static_cast<const gdn::StepArgs&>(base);
+    fbase.mixed_qkv = gdn::make_view(x, gdn::kBFloat16, dl, {B, T, D});
+    fbase.conv_weight = gdn::make_view(cw, gdn::kBFloat16, dl, {D, kConvW});
+    fbase.z = gdn::make_view(z, gdn::kBFloat16, dl, {B, T, HV, V});
+    fbase.norm_weight = gdn::make_view(nw, gdn::kBFloat16, dl, {V});
+  }
   for (int64_t i = 0; i < N; ++i) {
     gdn::DecodeArgs args = base;
     void* st = arena.take(P * mat * es);
@@ -273,8 +304,21 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
       args.inter = gdn::make_view(in, sdt, dl, {B, T, HV, rows, cols});
     }
     su.sets.push_back(args);
+    if (c.fused) {
+      gdn::FusedDecodeArgs f = fbase;
+      static_cast<gdn::StepArgs&>(f) = static_cast<const gdn::StepArgs&>(args);
+      void* cs = arena.take(P * conv_elems * 2);
+      fill<__nv_bfloat16>(cs, P * conv_elems, 1.732f, seed + 300 + i, s);
+      f.conv_state = gdn::make_view(cs, gdn::kBFloat16, dl, {P, D, kConvL}, {D * kConvL, 1, D});
+      su.fsets.push_back(f);
+    }
   }
   return su;
+}
+
+// One call of the configuration's operation on state set i.
+gdn::Status run_op(const Setup& su, int64_t i, cudaStream_t s) {
+  return su.fsets.empty() ? gdn::decode(su.sets[i], s) : gdn::fused_decode(su.fsets[i], s);
 }
 
 // Median per-call time of `calls` launches (launch(i) enqueues call i) captured into one
@@ -382,18 +426,20 @@ Result run_config(const Config& c, const Device& dev, Arena& arena, const Option
   r.floor_us = su.bytes / (copy_tbs * 1e12) * 1e6;
 
   // One eager call first: argument errors and faults surface here, not inside capture.
-  const gdn::Status st = gdn::decode(su.sets[0], s);
-  if (!st.ok()) throw std::runtime_error("gdn::decode: " + st.message());
+  const char* what = c.fused ? "gdn::fused_decode" : "gdn::decode";
+  const gdn::Status st = run_op(su, 0, s);
+  if (!st.ok()) throw std::runtime_error(std::string(what) + ": " + st.message());
   GDN_BENCH_CHECK(cudaStreamSynchronize(s));
 
   const int64_t calls = std::max<int64_t>(N, r.floor_us > 2000 ? 3 : opt.calls);
   r.us = time_graph(s, calls, opt.reps, [&](int64_t i) {
-    const gdn::Status e = gdn::decode(su.sets[i % N], s);
-    if (!e.ok()) throw std::runtime_error("gdn::decode under capture: " + e.message());
+    const gdn::Status e = run_op(su, i % N, s);
+    if (!e.ok()) throw std::runtime_error(std::string(what) + " under capture: " + e.message());
   });
   r.tbs = su.bytes / (r.us * 1e-6) / 1e12;
-  // The copy kernel moves the state bytes only: no reference for the intermediate cache.
-  if (opt.copy_kernel && !c.cache)
+  // The copy kernel moves the recurrent state bytes only: no reference for the intermediate
+  // cache, nor for the fused step (its rows compare against the decode rows instead).
+  if (opt.copy_kernel && !c.cache && !c.fused)
     r.copy_us = time_graph(s, calls, opt.reps, [&](int64_t i) {
       launch_state_copy(su, su.sets[i % N], c.B, c.update, dev, s);
     });
@@ -440,6 +486,8 @@ std::vector<Config> make_sweep(const Options& opt) {
     if (pick(opt.mode, mode_name(m)) && !(opt.quick && opt.mode == "all" && m == Mode::kSplit))
       modes.push_back(m);
   std::vector<Config> out;
+  for (bool fused : {false, true}) {
+  if (!pick(opt.op, fused ? "fused" : "decode")) continue;
   for (const Model& m : kModels) {
     if (!pick(opt.model, m.name)) continue;
     for (bool bf16 : {false, true}) {
@@ -461,7 +509,7 @@ std::vector<Config> make_sweep(const Options& opt) {
                   if (!pick(opt.update, update ? "on" : "off")) continue;
                   if (opt.quick && T > 1 && !(cache && update)) continue;
                   if (subset && (cache || !update)) continue;
-                  out.push_back(Config{&m, bf16, kv, mode, T, B, cache, update});
+                  out.push_back(Config{&m, bf16, kv, mode, T, B, cache, update, fused});
                 }
               }
             }
@@ -469,6 +517,7 @@ std::vector<Config> make_sweep(const Options& opt) {
         }
       }
     }
+  }
   }
   return out;
 }
@@ -507,8 +556,8 @@ int bench_main(const Options& opt) {
               dev.l2 / 1048576.0, copy_tbs);
   std::printf("eager T=1 B=1 qwen3-next fp32: %.2f us per call on the GPU, %.2f us host time per call\n",
               eager_us, host_us);
-  std::printf("%-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s%s\n", "model", "state", "lay",
-              "mode", "T", "B", "cache", "update", "us", "TB/s", "%ceil", "floor_us",
+  std::printf("%-6s %-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s%s\n", "op", "model", "state",
+              "lay", "mode", "T", "B", "cache", "update", "us", "TB/s", "%ceil", "floor_us",
               opt.copy_kernel ? "    copy_us" : "");
 
   const std::vector<Config> sweep = make_sweep(opt);
@@ -523,8 +572,8 @@ int bench_main(const Options& opt) {
     try {
       const Result r = run_config(c, dev, arena, opt, s, copy_tbs, 1000 + i);
       results.push_back(r);
-      std::printf("%-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.2f %7.3f %5.1f%% %10.2f",
-                  c.model->name, c.bf16_state ? "bf16" : "fp32", c.layout_kv ? "KV" : "VK",
+      std::printf("%-6s %-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.2f %7.3f %5.1f%% %10.2f",
+                  c.fused ? "fused" : "decode", c.model->name, c.bf16_state ? "bf16" : "fp32", c.layout_kv ? "KV" : "VK",
                   mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off", c.update ? "on" : "off", r.us,
                   r.tbs, 100.0 * r.tbs / copy_tbs, r.floor_us);
       if (r.copy_us >= 0) std::printf(" %10.2f", r.copy_us);
@@ -552,7 +601,8 @@ int bench_main(const Options& opt) {
     nlohmann::json rows = nlohmann::json::array();
     for (const Result& r : results) {
       const Config& c = r.c;
-      rows.push_back({{"model", c.model->name},
+      rows.push_back({{"op", c.fused ? "fused" : "decode"},
+                      {"model", c.model->name},
                       {"state", c.bf16_state ? "bf16" : "fp32"},
                       {"layout", c.layout_kv ? "KV" : "VK"},
                       {"mode", mode_name(c.mode)},
@@ -584,6 +634,10 @@ int bench_main(const Options& opt) {
 void add_bench_command(CLI::App& app) {
   auto opt = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("bench", "Time the CUDA kernels against the HBM copy ceiling");
+  cmd->add_option("--op", opt->op,
+                  "decode | fused | all: gdn::decode, or gdn::fused_decode (conv W = 4, bf16 conv pool in "
+                  "vLLM's [P, L, D] memory, gated RMSNorm on)")
+      ->check(CLI::IsMember({"decode", "fused", "all"}));
   cmd->add_option("--model", opt->model, "qwen3-next | qwen3.5 | all")
       ->check(CLI::IsMember({"qwen3-next", "qwen3.5", "all"}));
   cmd->add_option("--state", opt->state, "fp32 | bf16 | all")->check(CLI::IsMember({"fp32", "bf16", "all"}));

@@ -171,6 +171,45 @@ Status can_implement(const DecodeArgs& args);
 // launched or written. No allocation, no host sync: safe inside CUDA-graph capture.
 Status decode(const DecodeArgs& args, void* stream = nullptr);
 
+// ---------------------------------------------------------------------------------
+// The fused GDN layer decode step (docs/semantics.md section 6): everything between the
+// layer's input projection and its output projection, in one call.
+//   1. causal depthwise conv update of mixed_qkv over the conv-state pool, then SiLU;
+//   2. the split of the conv output y [D] into q [H, K] | k [H, K] | v [HV, V];
+//   3. the recurrence of `decode` (every gate form, layout and addressing mode of StepArgs);
+//   4. optionally, the gated RMSNorm of Qwen3-Next (norm before gate) on the output.
+// The conv pool follows the recurrent state's slots: it is read from the row's read slot and
+// written to its write slot(s); padding and out-of-range rows touch neither pool;
+// update_state covers both pools. All math in fp32; rounding only at stores.
+// ---------------------------------------------------------------------------------
+struct FusedDecodeArgs : StepArgs {
+  // [B, T, D], D = 2*H*K + HV*V in the order q | k | v; bf16 | fp16 | fp32; any strides.
+  // HV, K, V come from the state's shape; H = (D - HV*V) / (2*K) must divide HV.
+  TensorView mixed_qkv;
+  TensorView conv_weight;  // [D, W], W in 2..4 (Qwen3-Next: 4); bf16 | fp16 | fp32; any strides
+  TensorView conv_bias;    // optional [D]; bf16 | fp16 | fp32; any stride
+  // [P, D, L], W - 1 <= L <= 16, same P (and dense/pool mode) as the state; bf16 | fp16 | fp32; any
+  // strides (vLLM's [P, L, D] memory as a transposed view; transformers' L = W). Column L - 1
+  // is the newest input. Read from the row's read slot; the last L inputs (old columns, then
+  // the T new ones) are written to the write slot (per token with token_slots).
+  TensorView conv_state;
+  // Optional [B, T, D, L], conv_state's dtype, any strides: entry (n, t) = the conv state after
+  // token t (the conv counterpart of `inter`).
+  TensorView conv_inter;
+
+  // Optional gated RMSNorm: o = o * rsqrt(mean_V(o^2) + norm_eps) * norm_weight * silu(z).
+  TensorView norm_weight;  // [V] bf16 | fp16 | fp32; absent: o is the raw recurrence output
+  TensorView z;            // [B, T, HV, V] bf16 | fp16 | fp32, any strides; needs norm_weight
+  float norm_eps = 1e-6f;  // must be finite and >= 0
+};
+
+// Validates `args` exactly as `fused_decode` does, without touching tensor data.
+Status can_implement(const FusedDecodeArgs& args);
+
+// Runs one fused step; backend, stream, error and allocation rules as `decode`. One kernel
+// per call on CUDA (plus the duplicate-write counter in checking mode). T in 1..16.
+Status fused_decode(const FusedDecodeArgs& args, void* stream = nullptr);
+
 // True when this build has the CUDA backend compiled in.
 bool cuda_available();
 

@@ -213,9 +213,10 @@ __device__ __forceinline__ void prefetch_state_l2(const Problem& p, int64_t n, i
 // reads the parameters as it goes pays one miss after another. Before pdl_wait (where a block
 // launched early has nothing else to do) every thread touches one 32-byte piece, so all lines
 // are fetched at once. The barrier is the use that keeps the loads.
-__device__ __forceinline__ void warm_params(const Problem& p) {
+template <typename Param>
+__device__ __forceinline__ void warm_params(const Param& p) {
   constexpr int kPiece = 32;
-  constexpr int kPieces = static_cast<int>((sizeof(Problem) + kPiece - 1) / kPiece);
+  constexpr int kPieces = static_cast<int>((sizeof(Param) + kPiece - 1) / kPiece);
   static_assert(kPieces <= 64, "one piece per thread of the smallest block (KV tile: 64)");
   const int i = threadIdx.x;
   uint32_t x = 0;
@@ -661,6 +662,7 @@ struct LaunchPlan {
   bool kv_wide = false;     // KV tile: the wide variant (KvTileWide, kv_tile_wide)
   bool vec = true;          // 16-byte state accesses allowed
   bool pdl = true;          // programmatic dependent launch attribute
+  int cluster = 1;          // fused step: blocks per thread-block cluster (fused.cuh)
   Geometry geo;
 };
 
@@ -671,27 +673,54 @@ namespace gdn::detail::cuda {
 // Launches a decode kernel (signature (Problem, Geometry)) with the plan's geometry and,
 // when enabled, the programmatic-stream-serialization attribute (captured into CUDA graphs
 // as a programmatic edge).
-template <typename Kernel>
-cudaError_t launch_kernel(Kernel kernel, const Problem& p, const LaunchPlan& lp,
+// Param: Problem, or FusedProblem for the fused step, whose launches also carry the
+// thread-block cluster dimension.
+template <typename Kernel, typename Param>
+cudaError_t launch_kernel(Kernel kernel, const Param& p, const LaunchPlan& lp,
                           cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(lp.blocks));
   cfg.blockDim = dim3(static_cast<unsigned>(lp.threads));
   cfg.dynamicSmemBytes = lp.smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned na = 0;
+  if (lp.pdl) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  if (lp.cluster > 1) {
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = static_cast<unsigned>(lp.cluster);
+    attr[na].val.clusterDim.y = 1;
+    attr[na].val.clusterDim.z = 1;
+    ++na;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = lp.pdl ? 1 : 0;
+  cfg.numAttrs = na;
   return cudaLaunchKernelEx(&cfg, kernel, p, lp.geo);
+}
+
+// Clusters of more than 8 blocks (the portable size) need an opt-in, once per kernel and device.
+template <auto kKernel>
+cudaError_t allow_big_cluster() {
+  static std::atomic<int> done[64];
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 0 || dev >= 64 || done[dev].load(std::memory_order_acquire) != 0) return cudaSuccess;
+  err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (err == cudaSuccess) done[dev].store(1, std::memory_order_release);
+  return err;
 }
 
 // Tile kernels stage the state in more than 48 KB of dynamic shared memory: opt in (once per
 // kernel and device), then launch.
-template <auto kKernel>
-cudaError_t launch_tile_kernel(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
-  const cudaError_t err = allow_big_smem<kKernel>();
+template <auto kKernel, typename Param>
+cudaError_t launch_tile_kernel(const Param& p, const LaunchPlan& lp, cudaStream_t stream) {
+  cudaError_t err = allow_big_smem<kKernel>();
+  if (err == cudaSuccess && lp.cluster > 8) err = allow_big_cluster<kKernel>();
   return err != cudaSuccess ? err : launch_kernel(kKernel, p, lp, stream);
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backends.h"
+#include "cuda/fused_launch.cuh"
 #include "cuda/kv.cuh"
 #include "cuda/launch.h"
 #include "cuda/vk_chunk.cuh"
@@ -176,8 +177,10 @@ LaunchPlan plan_vk(const Problem& p, bool vec) {
 }
 
 // Staging bytes (raw + fp32) of all T tokens for nc rows/columns; sets the geometry's chunk.
-size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp) {
-  const int64_t es = dtype_bytes_host(p.q.dtype);
+// `fused`: the raw area holds the conv outputs in fp32, and the fused step's own shared memory
+// (fused.cuh) follows.
+size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp, bool fused = false) {
+  const int64_t es = fused ? 4 : dtype_bytes_host(p.q.dtype);
   const int chunk = static_cast<int>(p.T);
   const size_t raw = (static_cast<size_t>(chunk) * (2 * p.K + nc) * es + 15) / 16 * 16;
   const size_t f32 = sizeof(float) * chunk * (2 * p.K + kTokScalars + nc);
@@ -185,6 +188,19 @@ size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp) {
   lp.geo.raw_bytes = static_cast<int>(raw);
   return raw + f32;
 }
+
+// The fused step's shared memory beyond the staging area.
+size_t fused_extra_bytes(const FusedProblem* f, int nc) {
+  if (f == nullptr) return 0;
+  return sizeof(float) *
+         static_cast<size_t>(fused_smem_floats(static_cast<int>(f->step.T), nc, f->norm_weight.data != nullptr));
+}
+
+// Blocks per thread-block cluster the fused step may use: 8 is portable; 16 is allowed on sm_90
+// with an opt-in (allow_big_cluster), given at most ~110 KB of shared memory per block so that
+// two blocks fit an SM and a cluster fits one GPC.
+constexpr int kMaxFusedCluster = 16;
+constexpr size_t kBigClusterSmemMax = 110 * 1024;
 
 constexpr size_t kTileSmemMax = 200 * 1024;  // under the 227 KB opt-in maximum of sm_90
 
@@ -246,8 +262,11 @@ bool vk_direct_pays(const Problem& p, int64_t blocks) {
 // halved while twice the blocks still fit in one wave of GDN_CUDA_TILE_BPS blocks per SM
 // (latency: more, shorter blocks, but never a second wave: B=4 Qwen3-Next fp32 went from
 // 1024 blocks in two waves, 11.3 us, to 512 in one, 9.1 us); at T = 1 see below.
+// `f` (the fused step, else null): no chunked kernel and no direct loop (the conv outputs are
+// fp32), no fine tiles, and tiles large enough that a cluster of all the blocks of one (row,
+// q/k head) fits (fused.cuh).
 template <typename S>
-bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
+bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = nullptr) {
   const int L = static_cast<int>(p.K / 16);
   const int G = kVkThreads / L;
   const int V = static_cast<int>(p.V);
@@ -272,15 +291,18 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
     const int64_t want_small = p.T == 1 ? sm_count() : want;
     while (rt > min_rows && heads * (V / rt) * 2 <= (rt > 4 * G ? want : want_small)) rt /= 2;
     // An explicit rows-per-thread choice (GDN_CUDA_VK_RR) keeps the tiles above.
-    const int f = vk_rr_override() == 0 ? vk_fine_tile<S>(p, heads * (V / rt), G) : 0;
-    if (f > 0) {
-      rt = f;
+    const int fr = vk_rr_override() == 0 && f == nullptr ? vk_fine_tile<S>(p, heads * (V / rt), G) : 0;
+    if (fr > 0) {
+      rt = fr;
       fine = true;
     }
   }
+  const int group = static_cast<int>(p.HV / p.H);
+  if (f != nullptr)
+    while (group * (V / rt) > kMaxFusedCluster && rt < V) rt *= 2;
   // The chunked form (vk_chunk.cuh): bf16 state and q/k, 2 <= T, only the last state stored.
   bool chunked = false;
-  if (std::is_same_v<S, __nv_bfloat16> && vk_chunk_pays(p) && p.T >= 2 &&
+  if (f == nullptr && std::is_same_v<S, __nv_bfloat16> && vk_chunk_pays(p) && p.T >= 2 &&
       p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) &&
       rt % 16 == 0) {
     stage_all_tokens(p, rt, lp);
@@ -290,12 +312,13 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
     if (chunked) lp.smem = static_cast<size_t>(lay.total);
   }
   for (; !chunked;) {
-    const size_t smem = static_cast<size_t>(rt) * row_bytes + stage_all_tokens(p, rt, lp);
+    const size_t smem = static_cast<size_t>(rt) * row_bytes + stage_all_tokens(p, rt, lp, f != nullptr) +
+                        fused_extra_bytes(f, rt);
     if (smem <= kTileSmemMax) {
       lp.smem = smem;
       break;
     }
-    if (rt == G) return false;
+    if (rt == G || f != nullptr) return false;  // fused: fewer rows would break the cluster bound
     rt /= 2;
   }
   // Rows in registers at once (GDN_CUDA_VK_RR overrides). T > 1: four, which share the q/k
@@ -320,8 +343,9 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp) {
   lp.rows_per_thread = rr;
   lp.threads = kVkThreads;
   lp.vec = true;
-  lp.direct = !chunked && rr <= 2 && p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 &&
+  lp.direct = f == nullptr && !chunked && rr <= 2 && p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 &&
               p.v.dtype == DType::kBF16 && vk_direct_pays(p, lp.blocks);
+  lp.cluster = f != nullptr ? group * lp.geo.tiles : 1;
   return true;
 }
 
@@ -342,37 +366,40 @@ bool kv_tile_wide(int64_t narrow_blocks) {
 }
 
 template <typename S, int K, int NT, int LV>
-bool plan_kv_tile_nt(const Problem& p, LaunchPlan& lp) {
+bool plan_kv_tile_nt(const Problem& p, LaunchPlan& lp, const FusedProblem* f) {
   using Sh = KvShape<S, K, NT, LV>;
   const size_t lead = sizeof(float) * kv_tile_lead_floats<S, K, NT, LV>(p.T > 1);
-  lp.smem = lead + stage_all_tokens(p, Sh::VT, lp);
+  lp.smem = lead + stage_all_tokens(p, Sh::VT, lp, f != nullptr) + fused_extra_bytes(f, Sh::VT);
   if (lp.smem > kTileSmemMax) return false;
   lp.tile = true;
   lp.threads = NT;
   lp.vec = true;
   lp.geo.tiles = static_cast<int>((p.V + Sh::VT - 1) / Sh::VT);
   lp.blocks = p.B * p.HV * lp.geo.tiles;
+  lp.cluster = f != nullptr ? static_cast<int>(p.HV / p.H) * lp.geo.tiles : 1;
   return true;
 }
 
+// `f`: the fused step (the tile width is fixed by the variant, so the cluster bound is checked
+// by the caller).
 template <typename S, int K>
-bool plan_kv_tile_k(const Problem& p, LaunchPlan& lp) {
+bool plan_kv_tile_k(const Problem& p, LaunchPlan& lp, const FusedProblem* f) {
   using Narrow = KvShape<S, K, kKvTileThreads, 8>;
   using W = KvTileWide<S, K>;
   lp.kv_wide = kv_tile_wide<S>(p.B * p.HV * ((p.V + Narrow::VT - 1) / Narrow::VT));
-  return lp.kv_wide ? plan_kv_tile_nt<S, K, W::NT, W::LV>(p, lp)
-                    : plan_kv_tile_nt<S, K, kKvTileThreads, 8>(p, lp);
+  return lp.kv_wide ? plan_kv_tile_nt<S, K, W::NT, W::LV>(p, lp, f)
+                    : plan_kv_tile_nt<S, K, kKvTileThreads, 8>(p, lp, f);
 }
 
 template <typename S>
-bool plan_kv_tile(const Problem& p, LaunchPlan& lp) {
+bool plan_kv_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = nullptr) {
   switch (p.K) {
     case 64:
-      return plan_kv_tile_k<S, 64>(p, lp);
+      return plan_kv_tile_k<S, 64>(p, lp, f);
     case 128:
-      return plan_kv_tile_k<S, 128>(p, lp);
+      return plan_kv_tile_k<S, 128>(p, lp, f);
     default:
-      return plan_kv_tile_k<S, 256>(p, lp);
+      return plan_kv_tile_k<S, 256>(p, lp, f);
   }
 }
 
@@ -436,30 +463,137 @@ __global__ void count_duplicate_writes(const __grid_constant__ Problem p, const 
   }
 }
 
+// The fused step's launch (fused.cuh): the tile kernels only, with a cluster of every block of
+// one (row, q/k head). Returns an empty string with the plan, or why the CUDA backend cannot run
+// this (valid) fused call.
+int compute_capability_major() {
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) v = -1;
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  (void)cudaGetLastError();
+  return v;
+}
+
+template <typename S>
+std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
+  const Problem& p = f.step;
+  if (!vec_ok(p.state, 3, kVecElems<S>) || !vec_ok(p.inter, 4, kVecElems<S>))
+    return "fused_decode on CUDA needs 16-byte aligned state and inter rows (data pointers and every "
+           "stride but the innermost a multiple of 16 bytes); decode takes unaligned pools";
+  const bool ok = p.layout_kv ? plan_kv_tile<S>(p, lp, &f) : plan_vk_tile<S>(p, lp, &f);
+  if (!ok || lp.cluster > kMaxFusedCluster || (lp.cluster > 8 && lp.smem > kBigClusterSmemMax))
+    return "fused_decode on CUDA needs every block of one row and q/k head (HV/H = " + std::to_string(p.HV / p.H) +
+           " value heads times their tiles) in one thread-block cluster of at most " +
+           std::to_string(kMaxFusedCluster) + " blocks; this shape does not fit";
+  if (lp.blocks > INT32_MAX)
+    return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
+  lp.geo.qkv_vec = false;  // the conv stages q, k, v (never read by stage_issue)
+  lp.pdl = pdl_enabled();
+  lp.geo.prefetch = prefetch_enabled() && one_wave(lp.blocks);
+  return {};
+}
+
+std::string plan_fused(const FusedProblem& f, LaunchPlan& lp) {
+  if (compute_capability_major() < 9)
+    return "fused_decode on CUDA needs thread-block clusters (sm_90 or newer), device has compute capability " +
+           std::to_string(compute_capability_major()) + ".x";
+  switch (f.step.state.dtype) {
+    case DType::kF32:
+      return plan_fused_typed<float>(f, lp);
+    case DType::kBF16:
+      return plan_fused_typed<__nv_bfloat16>(f, lp);
+    default:
+      return plan_fused_typed<__half>(f, lp);
+  }
+}
+
 }  // namespace
 }  // namespace cuda
 
 Status cuda_backend_status() { return Status::Ok(); }
 
+Status fused_cuda_status(const FusedProblem& f) {
+  cuda::LaunchPlan lp;
+  const std::string why = cuda::plan_fused(f, lp);
+  return why.empty() ? Status::Ok() : Status(StatusCode::kNotSupported, why);
+}
+
+namespace {
+
+// Launches on the tensors' device, as a device guard would, and leaves the caller's current
+// device as it was (the Python binding and multi-GPU engines rely on both).
+struct DeviceGuard {
+  int dev = 0, prev = -1;
+  cudaError_t err = cudaSuccess;
+  explicit DeviceGuard(int device) : dev(device) {
+    err = cudaGetDevice(&prev);
+    if (err == cudaSuccess && prev != dev) err = cudaSetDevice(dev);
+    if (err != cudaSuccess) (void)cudaGetLastError();
+  }
+  ~DeviceGuard() {
+    if (prev >= 0 && prev != dev) cudaSetDevice(prev);
+  }
+  Status status() const {
+    return err == cudaSuccess ? Status::Ok()
+                              : Status(StatusCode::kCudaError, std::string("cannot select CUDA device ") +
+                                                                   std::to_string(dev) + ": " + cudaGetErrorString(err));
+  }
+};
+
+// Checking mode: counts rows writing a slot another row writes (after the step's kernel).
+cudaError_t launch_duplicate_count(const Problem& p, cudaStream_t stream) {
+  if (!p.check_duplicate_writes || p.error_count == nullptr || !p.update_state) return cudaSuccess;
+  cuda::LaunchPlan lp;
+  lp.threads = 128;
+  lp.blocks = (p.B + lp.threads - 1) / lp.threads;
+  lp.pdl = false;
+  return cuda::launch_kernel(cuda::count_duplicate_writes, p, lp, stream);
+}
+
+Status launch_status(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::Ok();
+  (void)cudaGetLastError();  // a failed launch is not sticky; do not leak it to the caller
+  return Status(StatusCode::kCudaError, std::string("gdn CUDA ") + what + " kernel launch failed: " +
+                                            cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+}  // namespace
+
+Status fused_decode_cuda(const FusedProblem& f, void* stream_ptr) {
+  using namespace cuda;
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const DeviceGuard guard(f.step.device_id);
+  if (Status s = guard.status(); !s.ok()) return s;
+  LaunchPlan lp;
+  if (const std::string why = plan_fused(f, lp); !why.empty()) return Status(StatusCode::kNotSupported, why);
+  cudaError_t err;
+  switch (f.step.state.dtype) {
+    case DType::kF32:
+      err = f.step.layout_kv ? launch_fused<float, true>(f, lp, stream) : launch_fused<float, false>(f, lp, stream);
+      break;
+    case DType::kBF16:
+      err = f.step.layout_kv ? launch_fused<__nv_bfloat16, true>(f, lp, stream)
+                             : launch_fused<__nv_bfloat16, false>(f, lp, stream);
+      break;
+    default:
+      err = f.step.layout_kv ? launch_fused<__half, true>(f, lp, stream) : launch_fused<__half, false>(f, lp, stream);
+      break;
+  }
+  if (err == cudaSuccess) err = launch_duplicate_count(f.step, stream);
+  return launch_status(err, "fused decode");
+}
+
 Status decode_cuda(const Problem& p, void* stream_ptr) {
   using namespace cuda;
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  // Launch on the tensors' device, as a device guard would, and leave the caller's current
-  // device as it was (the Python binding and multi-GPU engines rely on both).
-  int prev_device = -1;
-  cudaError_t err = cudaGetDevice(&prev_device);
-  if (err == cudaSuccess && prev_device != p.device_id) err = cudaSetDevice(p.device_id);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return Status(StatusCode::kCudaError, std::string("cannot select CUDA device ") + std::to_string(p.device_id) +
-                                              ": " + cudaGetErrorString(err));
-  }
-  struct Restore {
-    int dev, prev;
-    ~Restore() {
-      if (prev >= 0 && prev != dev) cudaSetDevice(prev);
-    }
-  } restore{p.device_id, prev_device};
+  const DeviceGuard guard(p.device_id);
+  if (Status s = guard.status(); !s.ok()) return s;
+  cudaError_t err;
   switch (p.state.dtype) {
     case DType::kF32:
       err = launch_typed<float>(p, stream);
@@ -471,21 +605,8 @@ Status decode_cuda(const Problem& p, void* stream_ptr) {
       err = launch_typed<__half>(p, stream);
       break;
   }
-  if (err == cudaSuccess && p.check_duplicate_writes && p.error_count != nullptr &&
-      p.update_state) {
-    LaunchPlan lp;
-    lp.threads = 128;
-    lp.blocks = (p.B + lp.threads - 1) / lp.threads;
-    lp.pdl = false;
-    err = launch_kernel(count_duplicate_writes, p, lp, stream);
-  }
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // a failed launch is not sticky; do not leak it to the caller
-    return Status(StatusCode::kCudaError,
-                  std::string("gdn CUDA decode kernel launch failed: ") + cudaGetErrorName(err) +
-                      ": " + cudaGetErrorString(err));
-  }
-  return Status::Ok();
+  if (err == cudaSuccess) err = launch_duplicate_count(p, stream);
+  return launch_status(err, "decode");
 }
 
 }  // namespace gdn::detail

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "fused.cuh"
 
 namespace gdn::detail::cuda {
 
@@ -285,9 +286,11 @@ __device__ __forceinline__ void kv_tile_row(const S* tile_s, const float* work, 
 }
 
 // NT threads and LV lanes along V: kKvTileThreads and 8, or KvTileWide (same register cap).
-template <typename S, int K, int NT, int LVn>
+// Fz: the fused step (fused.cuh; its parameter is a FusedProblem).
+template <typename S, int K, int NT, int LVn, typename Fz = NoFuse>
 __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / NT)
-    decode_kv_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
+    decode_kv_tile_kernel(const __grid_constant__ typename Fz::Param prm, const Geometry geo) {
+  const Problem& p = Fz::step(prm);
   using Sh = KvShape<S, K, NT, LVn>;
   constexpr int VE = Sh::VE, LV = Sh::LV, VT = Sh::VT;
   constexpr int KGW = Sh::KGW, KG = Sh::KG, RPT = Sh::RPT;
@@ -300,6 +303,8 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   S* const tile_s = reinterpret_cast<S*>(s_red + Sh::kRedFloats);
   float* const work = s_red + kv_tile_lead_floats<S, K, NT, LVn>(false);  // valid only if work_on
   const StageSmem sm = carve_smem(s_red, kv_tile_lead_floats<S, K, NT, LVn>(work_on), geo, K, VT);
+  FusedSmem fs;
+  if constexpr (Fz::kOn) fs = carve_fused(sm.v + sm.chunk * VT, T, VT, Fz::kNorm);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -314,13 +319,15 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   const int64_t col = c0 + vl * VE;
   const bool col_ok = col < p.V;
 
-  warm_params(p);
+  warm_params(prm);
   if (geo.prefetch) prefetch_state_l2(p, n, hv, 0, K, c0, VT * static_cast<int>(sizeof(S)), tid, NT);
   pdl_wait();
   pdl_launch_dependents();
 
-  stage_issue<NT>(p, geo, sm, n, 0, T, hv, c0, VT);
-  cp_async_commit();
+  if constexpr (!Fz::kOn) {
+    stage_issue<NT>(p, geo, sm, n, 0, T, hv, c0, VT);
+    cp_async_commit();
+  }
   const GateInputs gates = stage_gates_load<NT>(p, n, 0, T, hv);
 
   const WarpSlots slots = resolve_row_warp(p, n, lane);
@@ -346,10 +353,19 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     cp_async_commit();
   }
 
+  if constexpr (Fz::kOn) {
+    fused_conv_stage<NT, Fz::kNorm>(prm, sm, fs, n, hv, c0, VT, T, slots.read);
+    cluster_arrive();  // this block's conv-state reads are done (fused.cuh)
+  }
   stage_gates_store<NT>(p, sm, T, gates);
-  cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
-  __syncthreads();
-  stage_convert<K, NT>(p, geo, sm, T, VT, typename Sh::Pos{});
+  if constexpr (Fz::kOn) {
+    __syncthreads();  // the conv outputs (fp32, raw staging area)
+    stage_convert_t<K, NT, float, false>(p, geo, sm, T, VT, typename Sh::Pos{});
+  } else {
+    cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
+    __syncthreads();
+    stage_convert<K, NT>(p, geo, sm, T, VT, typename Sh::Pos{});
+  }
   cp_async_wait_group<0>();
   __syncthreads();
 
@@ -380,7 +396,14 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     kv_reduce<Sh>(s_red, t & 1, warp, vl, kgw, sk, sq);
     float o[VE], dk[VE], g;
     kv_delta<VE>(sm, t, sm.v + t * VT + vl * VE, sk, sq, o, dk, g);
-    if (kg == 0 && col_ok) kv_store_o<VE>(p, n, t, hv, col, o);
+    if (kg == 0 && col_ok) {
+      if constexpr (Fz::kNorm) {
+#pragma unroll
+        for (int c = 0; c < VE; ++c) fs.o[t * VT + vl * VE + c] = o[c];
+      } else {
+        kv_store_o<VE>(p, n, t, hv, col, o);
+      }
+    }
 
     const int64_t wslot = warp_token_write_slot(p, slots, n, t);
     const bool to_global = col_ok && (inter != nullptr || wslot >= 0);
@@ -414,6 +437,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
       }
     }
   }
+  if constexpr (Fz::kOn) fused_finish<NT, Fz::kNorm>(prm, fs, slots, n, hv, tile, geo.tiles, c0, VT, T);
 }
 
 template <typename S, int K>

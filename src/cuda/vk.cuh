@@ -12,6 +12,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "fused.cuh"
 
 namespace gdn::detail::cuda {
 
@@ -258,11 +259,14 @@ __device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], f
 // Output, intermediate cache and pool writes of token tt for the thread's R rows
 // (global rows row + r*G), straight from registers; kOutOnly: the output only (a lazy token,
 // whose state is neither cached nor written). wslot: warp_token_write_slot of tt.
-template <typename S, int K, int R, bool kVec, bool kOutOnly>
+// kOSmem (the fused step with its norm): o goes to o_s[tt][row - row0] (rt rows per token)
+// instead of global memory, until the norm factor is known.
+template <typename S, int K, int R, bool kVec, bool kOutOnly, bool kOSmem = false>
 __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, int64_t n,
                                                int64_t hv, int64_t tt, int64_t row, int j,
                                                const float (&st)[R][16],
-                                               const float (&o)[VkReduce<K, R>::C]) {
+                                               const float (&o)[VkReduce<K, R>::C],
+                                               float* o_s = nullptr, int64_t row0 = 0, int rt = 0) {
   using Rd = VkReduce<K, R>;
   constexpr int VE = kVecElems<S>, NV = 16 / VE, L = K / 16, G = kVkThreads / L, C = Rd::C;
   // Reduce-scatter: the upper-half lanes hold o, the first lane of each run of duplicates
@@ -273,9 +277,13 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
 #pragma unroll
     for (int s = 0; s < C; ++s) {
       const int64_t rv = row + (r0 + s) * G;
-      if (rv < p.V)
-        store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + rv,
-                     o[s]);
+      if constexpr (kOSmem) {
+        if (rv < p.V) o_s[tt * rt + (rv - row0)] = o[s];
+      } else {
+        if (rv < p.V)
+          store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + rv,
+                       o[s]);
+      }
     }
   }
 
@@ -305,15 +313,17 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
 
 // One token of the thread's R rows and its stores; every lane of the warp calls it.
 // kLazy: a token whose state is not stored (vk_lazy_end), output only.
-template <typename S, int K, int R, bool kVec, bool kLazy, int kDirectVE = 0, typename VIn = float>
+template <typename S, int K, int R, bool kVec, bool kLazy, int kDirectVE = 0, typename VIn = float,
+          bool kOSmem = false>
 __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots, int64_t n,
                                         int64_t hv, int64_t tt, int64_t row, int j,
                                         float (&st)[R][16], float& gam_acc, const StageSmem& sm,
-                                        int t, const VIn* vrow) {
+                                        int t, const VIn* vrow, float* o_s = nullptr,
+                                        int64_t row0 = 0, int rt = 0) {
   float o[VkReduce<K, R>::C];
   vk_token<K, R, kLazy, kDirectVE>(p, st, gam_acc, sm, t, j, vrow, o);
-  vk_store_token<S, K, R, kVec, kLazy>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt), n,
-                                       hv, tt, row, j, st, o);
+  vk_store_token<S, K, R, kVec, kLazy, kOSmem>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt),
+                                               n, hv, tt, row, j, st, o, o_s, row0, rt);
 }
 
 // Lazy tokens run from t up to the returned token (exclusive), which takes the literal step:
@@ -442,18 +452,23 @@ constexpr int kVkTileMinBlocks = RR == 1   ? GDN_VK_TILE_MIN_BLOCKS_RR1
 struct NoWork {
   __device__ void operator()() const {}
 };
-template <typename S, int K, bool kChunked, typename Work = NoWork, bool kDirect = false>
-__device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& geo,
+// Fz (fused.cuh): with the fused step, the conv computes q, k and v (fused_conv_stage) instead
+// of the staging copies, and the block arrives on the cluster barrier once its conv inputs are
+// read; `fs` is its shared memory.
+template <typename S, int K, bool kChunked, typename Work = NoWork, bool kDirect = false, typename Fz = NoFuse>
+__device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, const Geometry& geo,
                                               const StageSmem& sm, S* tile_s, const BlockCoords& bc,
                                               int64_t row0, int RT, WarpSlots& slots,
-                                              Work while_state_lands = {}) {
+                                              Work while_state_lands = {}, const FusedSmem* fs = nullptr) {
+  static_assert(!Fz::kOn || (!kChunked && !kDirect), "the fused step stages fp32 conv outputs");
+  const Problem& p = Fz::step(prm);
   constexpr int VE = kVecElems<S>;
   constexpr int PR = K / VE;  // 16-byte pieces per state row
   static_assert(!kChunked || PR >= 8);
   const int tid = threadIdx.x;
   const int64_t n = bc.n, hv = bc.hv;
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
-  warm_params(p);
+  warm_params(prm);
   if (geo.prefetch) {
     const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
     prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
@@ -462,8 +477,10 @@ __device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& 
   pdl_launch_dependents();
 
   // Inputs first: they do not depend on the slot, so their latency overlaps the slot load.
-  stage_issue<kVkThreads>(p, geo, sm, n, 0, T, hv, row0, RT);
-  cp_async_commit();
+  if constexpr (!Fz::kOn) {
+    stage_issue<kVkThreads>(p, geo, sm, n, 0, T, hv, row0, RT);
+    cp_async_commit();
+  }
   const GateInputs gates = stage_gates_load<kVkThreads>(p, n, 0, T, hv);
 
   slots = resolve_row_warp(p, n, tid & 31);
@@ -489,8 +506,15 @@ __device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& 
     cp_async_commit();
   }
 
+  if constexpr (Fz::kOn) {
+    fused_conv_stage<kVkThreads, Fz::kNorm>(prm, sm, *fs, n, hv, row0, RT, T, slots.read);
+    cluster_arrive();  // this block's conv-state reads are done (fused.cuh)
+  }
   stage_gates_store<kVkThreads>(p, sm, T, gates);
-  if constexpr (!kDirect) {  // direct: the compute threads read the raw inputs
+  if constexpr (Fz::kOn) {
+    __syncthreads();  // the conv outputs (fp32, raw staging area)
+    stage_convert_t<K, kVkThreads, float, false>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
+  } else if constexpr (!kDirect) {  // direct: the compute threads read the raw inputs
     cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
     __syncthreads();
     stage_convert<K, kVkThreads, kChunked>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
@@ -501,21 +525,25 @@ __device__ __forceinline__ bool vk_tile_begin(const Problem& p, const Geometry& 
   return true;
 }
 
-// kDirect: the direct variant of vk_token (bf16 q, k, v, host-checked; RR <= 2).
-template <typename S, int K, int RR, bool kDirect = false>
+// kDirect: the direct variant of vk_token (bf16 q, k, v, host-checked; RR <= 2). Fz: the
+// fused step (fused.cuh; its parameter is a FusedProblem).
+template <typename S, int K, int RR, bool kDirect = false, typename Fz = NoFuse>
 __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
-    decode_vk_tile_kernel(const __grid_constant__ Problem p, const Geometry geo) {
+    decode_vk_tile_kernel(const __grid_constant__ typename Fz::Param prm, const Geometry geo) {
   static_assert(RR == 1 || RR == 2 || RR == 4);
   static_assert(RR <= K / 16, "VkShape: at most L rows per thread");
   static_assert(!kDirect || RR <= 2);
   using Sh = VkShape<S, K, 1>;
   constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G;
+  const Problem& p = Fz::step(prm);
   const int RT = geo.tile_rows;
 
   extern __shared__ float4 smem4[];
   S* const tile_s = reinterpret_cast<S*>(smem4);
   const StageSmem sm = carve_smem(reinterpret_cast<float*>(smem4),
                                   RT * K * static_cast<int>(sizeof(S)) / 4, geo, K, RT);
+  FusedSmem fs;
+  if constexpr (Fz::kOn) fs = carve_fused(sm.v + sm.chunk * RT, static_cast<int>(p.T), RT, Fz::kNorm);
 
   const int tid = threadIdx.x;
   const int group = tid / L;
@@ -527,7 +555,8 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
 
   WarpSlots slots;
-  if (!vk_tile_begin<S, K, false, NoWork, kDirect>(p, geo, sm, tile_s, bc, row0, RT, slots)) return;
+  if (!vk_tile_begin<S, K, false, NoWork, kDirect, Fz>(prm, geo, sm, tile_s, bc, row0, RT, slots, NoWork{}, &fs))
+    return;
   // The tokens' v rows [t][RT]: direct, raw bf16 (StageSmem::raw); else fp32.
   const auto* const vbase = [&] {
     if constexpr (kDirect) {
@@ -552,13 +581,14 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
       // more in instruction fetch than it saved (B = 1, T = 1: +0.27 us).
       if constexpr (VkReduce<K, RR>::kIssueBound) {
         for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
-          vk_step<S, K, RR, true, true>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
-                                        vbase + t * RT + lr);
+          vk_step<S, K, RR, true, true, 0, float, Fz::kNorm>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc,
+                                                             sm, t, vbase + t * RT + lr, fs.o, row0, RT);
       }
-      vk_step<S, K, RR, true, false, kDirect ? VE : 0>(p, slots, n, hv, t, row0 + lr, j, st,
-                                                      gam_acc, sm, t, vbase + t * RT + lr);
+      vk_step<S, K, RR, true, false, kDirect ? VE : 0, std::remove_cv_t<std::remove_pointer_t<decltype(vbase)>>,
+              Fz::kNorm>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t, vbase + t * RT + lr, fs.o, row0, RT);
     }
   }
+  if constexpr (Fz::kOn) fused_finish<kVkThreads, Fz::kNorm>(prm, fs, slots, n, hv, tile, geo.tiles, row0, RT, T);
 }
 
 }  // namespace gdn::detail::cuda

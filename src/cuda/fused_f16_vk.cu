@@ -1,0 +1,6 @@
+// Instantiations of the fused step for f16 state, VK layout (all K, row counts, widths, norm on/off).
+#include "fused_launch.cuh"
+
+namespace gdn::detail::cuda {
+template cudaError_t launch_fused<__half, false>(const FusedProblem&, const LaunchPlan&, cudaStream_t);
+}  // namespace gdn::detail::cuda

@@ -1,0 +1,58 @@
+// Host launchers of the fused step (the tile kernels of vk.cuh and kv.cuh with Fuse<kNorm>) for
+// one state dtype and layout; instantiated in fused_<dtype>_<layout>.cu, the plan decided by
+// decode_cuda.cu (plan_fused).
+#pragma once
+
+#include "kv.cuh"
+#include "vk.cuh"
+
+namespace gdn::detail::cuda {
+
+template <typename S, int K, bool kNorm>
+cudaError_t launch_fused_vk_k(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
+  using Fz = Fuse<kNorm>;
+  switch (lp.rows_per_thread) {
+    case 4:
+      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 4, false, Fz>>(f, lp, stream);
+    case 2:
+      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2, false, Fz>>(f, lp, stream);
+    default:
+      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1, false, Fz>>(f, lp, stream);
+  }
+}
+
+template <typename S, int K, bool kNorm>
+cudaError_t launch_fused_kv_k(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
+  using W = KvTileWide<S, K>;
+  using Fz = Fuse<kNorm>;
+  return lp.kv_wide ? launch_tile_kernel<decode_kv_tile_kernel<S, K, W::NT, W::LV, Fz>>(f, lp, stream)
+                    : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads, 8, Fz>>(f, lp, stream);
+}
+
+template <typename S, bool kKv, bool kNorm>
+cudaError_t launch_fused_norm(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
+  switch (f.step.K) {
+    case 64:
+      return kKv ? launch_fused_kv_k<S, 64, kNorm>(f, lp, stream) : launch_fused_vk_k<S, 64, kNorm>(f, lp, stream);
+    case 128:
+      return kKv ? launch_fused_kv_k<S, 128, kNorm>(f, lp, stream) : launch_fused_vk_k<S, 128, kNorm>(f, lp, stream);
+    default:
+      return kKv ? launch_fused_kv_k<S, 256, kNorm>(f, lp, stream) : launch_fused_vk_k<S, 256, kNorm>(f, lp, stream);
+  }
+}
+
+template <typename S, bool kKv>
+cudaError_t launch_fused(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
+  return f.norm_weight.data != nullptr ? launch_fused_norm<S, kKv, true>(f, lp, stream)
+                                       : launch_fused_norm<S, kKv, false>(f, lp, stream);
+}
+
+// Defined in their own translation units; keeps decode_cuda.cu from instantiating kernels.
+extern template cudaError_t launch_fused<float, false>(const FusedProblem&, const LaunchPlan&, cudaStream_t);
+extern template cudaError_t launch_fused<float, true>(const FusedProblem&, const LaunchPlan&, cudaStream_t);
+extern template cudaError_t launch_fused<__nv_bfloat16, false>(const FusedProblem&, const LaunchPlan&, cudaStream_t);
+extern template cudaError_t launch_fused<__nv_bfloat16, true>(const FusedProblem&, const LaunchPlan&, cudaStream_t);
+extern template cudaError_t launch_fused<__half, false>(const FusedProblem&, const LaunchPlan&, cudaStream_t);
+extern template cudaError_t launch_fused<__half, true>(const FusedProblem&, const LaunchPlan&, cudaStream_t);
+
+}  // namespace gdn::detail::cuda

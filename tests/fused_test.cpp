@@ -1,0 +1,419 @@
+// The fused layer step (gdn::fused_decode, docs/semantics.md section 6) on every backend
+// against the float64 oracle: a covering array over the step's factors and the conv's (taps,
+// state width, dtypes, the vLLM transposed pool, bias, conv_inter, norm with and without the
+// gate), then the rules one at a time: padding and bad slots touch neither pool, update_state
+// covers both pools, interleaved pools, GVA groups that fill a 16-block cluster, many steps
+// fed back, determinism, and every rejected input with nothing written.
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "covering.h"
+#include "harness.h"
+
+namespace gdn::test {
+namespace {
+
+#define GDN_SEED()                   \
+  const uint64_t seed = test_seed(); \
+  SCOPED_TRACE("seed=" + std::to_string(seed))
+
+enum Factor : int {
+  kFB, kFT, kFHeads, kFK, kFV, kFLayout, kFStateDtype, kFInputDtype, kFOutDtype, kFGates, kFAddressing,
+  kFPadding, kFInter, kFStrides, kFUpdate, kFW, kFL, kFConvDtype, kFWeightDtype, kFTransposed, kFNorm,
+  kFExtras, kNumFactors
+};
+const std::vector<int> kLevels = {3, 5, 3, 3, 3, 2, 3, 3, 3, 2, 7, 2, 3, 3, 2, 3, 3, 3, 3, 2, 3, 4};
+constexpr int64_t kBs[] = {1, 3, 33};
+constexpr int64_t kTs[] = {1, 2, 4, 8, 16};
+constexpr int64_t kHs[][2] = {{1, 2}, {2, 8}, {16, 32}};
+constexpr int64_t kDims[] = {64, 128, 256};
+const DLDataType kFloats[] = {kFloat32, kBFloat16, kFloat16};
+const DLDataType kInputs[] = {kBFloat16, kFloat16, kFloat32};
+const std::pair<Addressing, DLDataType> kAddr[] = {
+    {Addressing::kDense, kInt32},    {Addressing::kPool, kInt32},     {Addressing::kPool, kInt64},
+    {Addressing::kSplit, kInt64},    {Addressing::kPerToken, kInt32}, {Addressing::kPerTokenFromFirst, kInt64},
+    {Addressing::kAccepted, kInt32}};
+constexpr int64_t kMaxWork = int64_t{1} << 22;
+constexpr int64_t kMaxPool = int64_t{1} << 23;
+
+bool feasible(const std::vector<int>& a) {
+  const bool pad = a[kFPadding] == 1;
+  if (pad && a[kFAddressing] == 0) return false;
+  if (pad && a[kFB] == 0) return false;
+  const int64_t B = a[kFB] >= 0 ? kBs[a[kFB]] : (pad ? 3 : 1);
+  const int64_t T = a[kFT] >= 0 ? kTs[a[kFT]] : 1;
+  const int64_t HV = a[kFHeads] >= 0 ? kHs[a[kFHeads]][1] : 2;
+  const int64_t K = a[kFK] >= 0 ? kDims[a[kFK]] : 64;
+  const int64_t V = a[kFV] >= 0 ? kDims[a[kFV]] : 64;
+  int64_t P = pad ? 4 * B + 3 : B;
+  if (a[kFAddressing] >= 0) {
+    const Addressing m = kAddr[a[kFAddressing]].first;
+    if (m == Addressing::kPool || m == Addressing::kSplit) P = 4 * B + 3;
+    if (m == Addressing::kPerToken || m == Addressing::kPerTokenFromFirst || m == Addressing::kAccepted)
+      P = 2 * B * (T + 1) + 3;
+  }
+  return B * T * HV * K * V <= kMaxWork && P * HV * K * V <= kMaxPool;
+}
+
+Config from_levels(const std::vector<int>& a) {
+  Config c;
+  c.fused = true;
+  c.B = kBs[a[kFB]];
+  c.T = kTs[a[kFT]];
+  c.H = kHs[a[kFHeads]][0];
+  c.HV = kHs[a[kFHeads]][1];
+  c.K = kDims[a[kFK]];
+  c.V = kDims[a[kFV]];
+  c.layout = a[kFLayout] == 0 ? StateLayout::kVK : StateLayout::kKV;
+  c.state_dtype = kFloats[a[kFStateDtype]];
+  c.input_dtype = kInputs[a[kFInputDtype]];
+  c.out_dtype = kFloats[a[kFOutDtype]];
+  c.gates = a[kFGates] == 0 ? GateForm::kRaw : GateForm::kPrecomputed;
+  c.addressing = kAddr[a[kFAddressing]].first;
+  c.slot_dtype = kAddr[a[kFAddressing]].second;
+  c.padding = a[kFPadding] == 1;
+  c.inter = static_cast<InterMode>(a[kFInter]);
+  c.strides = static_cast<StrideMode>(a[kFStrides]);
+  c.update_state = a[kFUpdate] == 0;
+  c.W = 2 + a[kFW];
+  c.conv_L = a[kFL] == 0 ? c.W - 1 : a[kFL] == 1 ? c.W : c.W + 2;
+  c.conv_dtype = kFloats[(a[kFConvDtype] + 1) % 3];  // bf16 first: the engines' dtype
+  c.weight_dtype = kFloats[(a[kFWeightDtype] + 1) % 3];
+  c.conv_transposed = a[kFTransposed] == 0;
+  c.norm = a[kFNorm] >= 1;
+  c.gate_z = a[kFNorm] == 2;
+  c.conv_bias = a[kFExtras] & 1;
+  c.conv_inter = (a[kFExtras] & 2) != 0;
+  return c;
+}
+
+struct FusedParam {
+  Backend backend;
+  Config cfg;
+  int index;
+};
+
+void PrintTo(const FusedParam& p, std::ostream* os) { *os << backend_name(p.backend) << " " << p.cfg.name(); }
+
+std::vector<FusedParam> params(Backend b) {
+  static const std::vector<Config> configs = [] {
+    std::vector<Config> out;
+    for (const auto& row : covering_array(kLevels, feasible, 20261124)) out.push_back(from_levels(row));
+    return out;
+  }();
+  std::vector<FusedParam> p;
+  for (size_t i = 0; i < configs.size(); ++i) p.push_back({b, configs[i], static_cast<int>(i)});
+  return p;
+}
+
+std::string param_name(const ::testing::TestParamInfo<FusedParam>& info) {
+  char idx[8];
+  std::snprintf(idx, sizeof idx, "f%02d_", info.param.index);
+  return idx + info.param.cfg.name();
+}
+
+class FusedMatrix : public ::testing::TestWithParam<FusedParam> {
+ protected:
+  void SetUp() override {
+    if (std::string why = backend_unavailable(GetParam().backend); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+TEST_P(FusedMatrix, MatchesOracle) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed) + " config=" + GetParam().cfg.name());
+  run_and_compare(GetParam().backend, make_case(GetParam().cfg, seed));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, FusedMatrix, ::testing::ValuesIn(params(Backend::kCpu)), param_name);
+#if defined(GDN_WITH_CUDA)
+INSTANTIATE_TEST_SUITE_P(Cuda, FusedMatrix, ::testing::ValuesIn(params(Backend::kCuda)), param_name);
+#endif
+
+TEST(FusedMatrixCoverage, EveryLevelAppearsAndBudgetHolds) {
+  const auto ps = params(Backend::kCpu);
+  std::set<int64_t> Ts, Ws, Ls;
+  for (const auto& p : ps) {
+    Ts.insert(p.cfg.T);
+    Ws.insert(p.cfg.W);
+    Ls.insert(p.cfg.conv_L);
+    EXPECT_LE(p.cfg.B * p.cfg.T * p.cfg.HV * p.cfg.K * p.cfg.V, kMaxWork) << p.cfg.name();
+  }
+  EXPECT_EQ(Ts.size(), 5u);
+  EXPECT_EQ(Ws.size(), 3u);
+  EXPECT_GE(Ls.size(), 4u);
+  EXPECT_LT(ps.size(), 90u) << "the covering array grew; check the suite's run time";
+}
+
+// ---------------------------------------------------------------------------------------
+// The rules one at a time.
+// ---------------------------------------------------------------------------------------
+class Fused : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (std::string why = backend_unavailable(GetParam()); !why.empty()) GTEST_SKIP() << why;
+  }
+  Backend backend() const { return GetParam(); }
+};
+
+Config base(Addressing mode, int64_t B, int64_t T) {
+  Config c;
+  c.fused = true;
+  c.B = B;
+  c.T = T;
+  c.H = 1;
+  c.HV = 2;
+  c.addressing = mode;
+  c.out_dtype = kBFloat16;
+  c.conv_inter = true;
+  return c;
+}
+
+// Qwen3-Next's layer (H = 16, HV = 32, K = V = 128, W = 4) as vLLM holds it: conv pool [P, L, D]
+// interleaved page by page with the state pool, bf16 everything but the state, gated norm.
+TEST_P(Fused, Qwen3NextLayerInAHybridCache) {
+  GDN_SEED();
+  for (DLDataType sd : {kFloat32, kBFloat16}) {
+    for (int64_t T : {1, 4}) {
+      SCOPED_TRACE("state " + dtype_name(sd) + " T=" + std::to_string(T));
+      Config cfg = base(T == 1 ? Addressing::kPool : Addressing::kAccepted, 2, T);
+      cfg.H = 16;
+      cfg.HV = 32;
+      cfg.K = cfg.V = 128;
+      cfg.state_dtype = sd;
+      cfg.strides = StrideMode::kPage;
+      cfg.padding = true;
+      run_and_compare(backend(), make_case(cfg, seed));
+    }
+  }
+}
+
+// transformers' layout: a compact [B, D, W] conv state (L = W), KV recurrent state.
+TEST_P(Fused, TransformersConvStateAndKvLayout) {
+  GDN_SEED();
+  for (int64_t T : {1, 3}) {
+    Config cfg = base(Addressing::kDense, 2, T);
+    cfg.H = 2;
+    cfg.HV = 4;
+    cfg.layout = StateLayout::kKV;
+    cfg.conv_L = cfg.W;
+    cfg.conv_transposed = false;
+    cfg.conv_bias = true;
+    run_and_compare(backend(), make_case(cfg, seed));
+  }
+}
+
+// GVA groups of 4 value heads (Qwen3.5's ratio) at B = 1: on CUDA the cluster of one (row, q/k
+// head) holds 4 heads x their tiles, 16 blocks, so the conv-state handoff and the norm's sums
+// cross the largest cluster.
+TEST_P(Fused, LargeGvaGroups) {
+  GDN_SEED();
+  for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+    for (DLDataType sd : {kFloat32, kBFloat16}) {
+      SCOPED_TRACE(std::string(layout == StateLayout::kVK ? "VK " : "KV ") + dtype_name(sd));
+      Config cfg = base(Addressing::kPool, 1, 2);
+      cfg.H = 4;
+      cfg.HV = 16;
+      cfg.K = cfg.V = 128;
+      cfg.layout = layout;
+      cfg.state_dtype = sd;
+      run_and_compare(backend(), make_case(cfg, seed));
+    }
+  }
+}
+
+TEST_P(Fused, PaddingAndBadSlotsTouchNeitherPool) {
+  GDN_SEED();
+  Config cfg = base(Addressing::kPerToken, 5, 3);
+  Case c = make_case(cfg, seed);
+  c[Arg::kReadSlots].set({0}, -1);                                  // padding
+  c[Arg::kReadSlots].set({2}, static_cast<double>(c.P));            // out of range: counted
+  c[Arg::kTokenSlots].set({3, 1}, static_cast<double>(c.P + 4));    // a token slot out of range
+  c[Arg::kTokenSlots].set({4, 2}, -1);                              // the last token's state dropped
+  const Expected e = expected_effects(c);
+  ASSERT_EQ(e.error_delta, 2);
+  run_and_compare(backend(), c);
+}
+
+TEST_P(Fused, UpdateStateFalseLeavesBothPoolsBitIdentical) {
+  GDN_SEED();
+  for (Addressing m : {Addressing::kPool, Addressing::kPerToken}) {
+    Config cfg = base(m, 3, 2);
+    cfg.update_state = false;
+    const Case before = make_case(cfg, seed);
+    run_and_compare(backend(), before);
+    Case got = before.clone();
+    ASSERT_TRUE(run_fused(backend(), got).ok());
+    for (Arg a : {Arg::kState, Arg::kConvState}) {
+      const auto sb = before[a].storage, sg = got[a].storage;
+      EXPECT_TRUE(sb->same_bytes(*sg)) << arg_name(a) << " changed with update_state = false";
+    }
+  }
+}
+
+// Each decode step feeds the next, both pools carried: 24 steps of T = 1 then verify steps of
+// T = 3 continuing from the accepted token, against the oracle's own chain.
+TEST_P(Fused, ManyStepsFedBack) {
+  GDN_SEED();
+  for (DLDataType sd : {kFloat32, kBFloat16}) {
+    SCOPED_TRACE("state " + dtype_name(sd));
+    Config cfg = base(Addressing::kPool, 3, 1);
+    cfg.state_dtype = sd;
+    cfg.conv_inter = false;
+    Case want = make_case(cfg, seed), got = want.clone();
+    for (int step = 0; step < 24; ++step) {
+      const Case bw = want.clone(), bg = got.clone();
+      ASSERT_TRUE(run_reference(want).ok());
+      ASSERT_TRUE(run_fused(backend(), got).ok());
+      expect_matches(bw, want, bg, got, many_steps_tolerance(sd), "step " + std::to_string(step));
+      if (::testing::Test::HasFailure()) return;
+      fill_inputs(want, seed + step + 1);
+      fill_inputs(got, seed + step + 1);
+    }
+  }
+}
+
+TEST_P(Fused, BitIdenticalRunToRun) {
+  GDN_SEED();
+  Config cfg = base(Addressing::kAccepted, 4, 4);
+  cfg.H = 2;
+  cfg.HV = 4;
+  cfg.K = cfg.V = 128;
+  const Case before = make_case(cfg, seed);
+  Case first = before.clone(), second = before.clone();
+  ASSERT_TRUE(run_fused(backend(), first).ok());
+  ASSERT_TRUE(run_fused(backend(), second).ok());
+  EXPECT_TRUE(same_bits(first, second));
+}
+
+TEST_P(Fused, EmptyBatchIsANoOp) {
+  GDN_SEED();
+  const Case before = make_case(base(Addressing::kPool, 0, 2), seed);
+  Case got = before.clone();
+  const Status st = run_fused(backend(), got);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_TRUE(same_bits(before, got));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, Fused, ::testing::Values(Backend::kCpu),
+                         [](const auto&) { return std::string("cpu"); });
+#if defined(GDN_WITH_CUDA)
+INSTANTIATE_TEST_SUITE_P(Cuda, Fused, ::testing::Values(Backend::kCuda),
+                         [](const auto&) { return std::string("cuda"); });
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Rejected inputs: the status, a message naming the argument, can_implement agreeing, and not
+// one byte written (both pools included).
+// ---------------------------------------------------------------------------------------
+struct FusedError {
+  std::string name;
+  std::function<void(FusedDecodeArgs&)> mutate;
+  std::string message;
+  StatusCode code = StatusCode::kInvalidArgument;
+};
+
+std::vector<FusedError> errors() {
+  const auto f32 = [](void* p, int64_t off) { return static_cast<float*>(p) + off; };
+  return {
+      {"MissingMixedQkv", [](FusedDecodeArgs& a) { a.mixed_qkv = {}; }, "mixed_qkv is required"},
+      {"MissingConvWeight", [](FusedDecodeArgs& a) { a.conv_weight = {}; }, "conv_weight is required"},
+      {"MissingConvState", [](FusedDecodeArgs& a) { a.conv_state = {}; }, "conv_state is required"},
+      {"MissingLayout", [](FusedDecodeArgs& a) { a.layout.reset(); }, "layout is required"},
+      {"DNotMatchingHeads", [](FusedDecodeArgs& a) { a.mixed_qkv.shape[2] -= 1; }, "mixed_qkv.shape[2] (D"},
+      {"WeightChannels", [](FusedDecodeArgs& a) { a.conv_weight.shape[0] += 1; }, "conv_weight.shape[0]"},
+      {"FiveTaps", [](FusedDecodeArgs& a) { a.conv_weight.shape[1] = 5; }, "conv_weight.shape[1] (W)"},
+      {"ConvStateTooNarrow", [](FusedDecodeArgs& a) { a.conv_state.shape[2] = 2; }, "conv_state.shape[2] (L)"},
+      {"ConvPoolSize", [](FusedDecodeArgs& a) { a.conv_state.shape[0] -= 1; }, "conv_state.shape[0]"},
+      {"ConvStateInt32", [](FusedDecodeArgs& a) { a.conv_state.dtype = kInt32; }, "conv_state dtype"},
+      {"ConvInterDtype", [](FusedDecodeArgs& a) { a.conv_inter.dtype = kFloat16; }, "conv_inter dtype must match"},
+      {"ConvInterTokens", [](FusedDecodeArgs& a) { a.conv_inter.shape[1] = 1; }, "conv_inter.shape[1]"},
+      {"ZWithoutNorm", [](FusedDecodeArgs& a) { a.norm_weight = {}; }, "z needs norm_weight"},
+      {"NormWeightSize", [](FusedDecodeArgs& a) { a.norm_weight.shape[0] = 32; }, "norm_weight.shape[0]"},
+      {"NormEpsNaN", [](FusedDecodeArgs& a) { a.norm_eps = NAN; }, "norm_eps must be finite"},
+      {"TooManyTokens",
+       [](FusedDecodeArgs& a) {
+         for (TensorView* v : {&a.mixed_qkv, &a.o, &a.a, &a.b, &a.z, &a.conv_inter}) v->shape[1] = 17;
+       },
+       "(T) must be in 1..16"},
+      {"ConvStateOverlapsState", [=](FusedDecodeArgs& a) { a.conv_state.data = f32(a.state.data, 8); },
+       "must not overlap"},
+      {"OOverlapsMixedQkv", [=](FusedDecodeArgs& a) { a.mixed_qkv.data = f32(a.o.data, 4); },
+       "o must not overlap mixed_qkv"},
+      {"ConvInterOverlapsZ", [=](FusedDecodeArgs& a) { a.z.data = f32(a.conv_inter.data, 2); },
+       "conv_inter must not overlap z"},
+      {"ConvStateSlotsAlias", [](FusedDecodeArgs& a) { a.conv_state.strides[0] = 0; },
+       "conv_state must not overlap itself"},
+      {"ConvWeightMisaligned", [](FusedDecodeArgs& a) { a.conv_weight.data = static_cast<char*>(a.conv_weight.data) + 1; },
+       "conv_weight data pointer must be aligned"},
+  };
+}
+
+struct FusedErrorParam {
+  Backend backend;
+  FusedError e;
+};
+void PrintTo(const FusedErrorParam& p, std::ostream* os) { *os << backend_name(p.backend) << " " << p.e.name; }
+
+class FusedRejects : public ::testing::TestWithParam<FusedErrorParam> {
+ protected:
+  void SetUp() override {
+    if (std::string why = backend_unavailable(GetParam().backend); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+TEST_P(FusedRejects, WithStatusMessageAndNoWrites) {
+  GDN_SEED();
+  Config cfg = base(Addressing::kPool, 2, 2);
+  cfg.oversize = 4;
+  const Case before = make_case(cfg, seed);
+  ASSERT_TRUE(can_implement(before.fused_args()).ok()) << can_implement(before.fused_args()).message();
+  Case got = before.clone();
+  Status checked;
+  const Status st = run_fused(GetParam().backend, got, GetParam().e.mutate, &checked);
+  EXPECT_EQ(st.code(), GetParam().e.code) << st.message();
+  EXPECT_NE(st.message().find(GetParam().e.message), std::string::npos)
+      << "message \"" << st.message() << "\" lacks \"" << GetParam().e.message << "\"";
+  EXPECT_EQ(checked.message(), st.message());
+  EXPECT_TRUE(same_bits(before, got)) << "a rejected call wrote memory";
+}
+
+std::vector<FusedErrorParam> error_params(Backend b) {
+  std::vector<FusedErrorParam> p;
+  for (auto& e : errors()) p.push_back({b, e});
+  return p;
+}
+std::string error_name(const ::testing::TestParamInfo<FusedErrorParam>& info) { return info.param.e.name; }
+
+INSTANTIATE_TEST_SUITE_P(Cpu, FusedRejects, ::testing::ValuesIn(error_params(Backend::kCpu)), error_name);
+#if defined(GDN_WITH_CUDA)
+INSTANTIATE_TEST_SUITE_P(Cuda, FusedRejects, ::testing::ValuesIn(error_params(Backend::kCuda)), error_name);
+
+// A state pool off the 16-byte grid is a valid call the CUDA fused path does not take: it
+// says so (kNotSupported, naming the reason) and writes nothing; the CPU backend runs it.
+TEST(CudaFused, UnalignedStateIsNotSupported) {
+  if (std::string why = backend_unavailable(Backend::kCuda); !why.empty()) GTEST_SKIP() << why;
+  const uint64_t seed = test_seed();
+  Config cfg = base(Addressing::kPool, 2, 1);
+  cfg.oversize = 2;
+  Case before = make_case(cfg, seed);
+  // One element in: rows no longer start on 16 bytes (a view of the same storage).
+  HostTensor& st = before[Arg::kState];
+  st.byte_offset += dtype_size(st.dtype);  // same shape and strides (the storage is oversized)
+  Case got = before.clone();
+  Status checked;
+  const Status s = run_fused(Backend::kCuda, got, {}, &checked);
+  EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s.message();
+  EXPECT_NE(s.message().find("16-byte aligned"), std::string::npos) << s.message();
+  EXPECT_EQ(checked.message(), s.message());
+  EXPECT_TRUE(same_bits(before, got));
+  run_and_compare(Backend::kCpu, before);
+}
+#endif
+
+}  // namespace
+}  // namespace gdn::test
