@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test: the C++ suite (ctest; GPU tests skip with a reason
 # when no GPU is visible), the installed C++ package through examples/consumer, and the Python
-# package's tests (pip install ., then pytest).
+# tests (pip install ., then pytest: the package's tests and bench/'s plotting script).
 # With nvcc present the CUDA backend is compiled too. BUILD_DIR overrides the build folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,4 +28,4 @@ cmake --build "$pkg/build"
 py_cuda=OFF
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then py_cuda=ON; fi
 python3 -m pip install . --no-build-isolation -q -C cmake.define.GDN_ENABLE_CUDA=$py_cuda -C build-dir="$BUILD-py"
-python3 -m pytest python/tests -q
+python3 -m pytest python/tests bench -q
