@@ -11,7 +11,7 @@ figures, shared/anchors.md, were taken the same way). FLA always writes the fina
 a freshly allocated fp32 tensor; that allocation is captured as it is. gdn updates the state
 in place.
 
-Method (gdn bench's, docs/performance.md section 5): per configuration `calls` calls are
+Method (gdn bench's, docs/design.md section 5): per configuration `calls` calls are
 captured into one torch.cuda.CUDAGraph, call i on state buffer i % N, with N chosen so the
 state bytes of the other calls are >= 4x L2: every call finds its state cold. One warm-up
 replay, then the median over --reps replays of replay time / calls (CUDA events). The copy

@@ -14,7 +14,8 @@ BUILD_DEBS=(cmake ninja-build g++ libgtest-dev python3-pip)
 # fla-core holds the kernels (fla.ops), flash-linear-attention the layers/models that `import fla`
 # loads when present; 0.6.0 asks for triton >= 3.3 and transformers >= 5.6.2.
 FLA_WHEELS=(fla-core==0.6.0 flash-linear-attention==0.6.0 einops==0.8.2)
-PIP=(nanobind scikit-build-core numpy pytest ml_dtypes)  # ml_dtypes: bf16 arrays for the numpy tests
+# ml_dtypes: bf16 arrays for the numpy tests; matplotlib: bench/plot.py (figures of docs/img)
+PIP=(nanobind scikit-build-core numpy pytest ml_dtypes matplotlib)
 
 case "${1:-}" in
   --download)

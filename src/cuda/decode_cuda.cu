@@ -215,7 +215,7 @@ bool one_wave(int64_t blocks) { return blocks <= 4 * static_cast<int64_t>(sm_cou
 // retire at a finer grain. Measured on the H100 (Qwen3-Next, same binary, min of two runs):
 // dense B = 16 26.63 -> 25.68 us, B = 32 49.26 -> 48.42, B = 64 94.20 -> 93.59, pool B = 16
 // 22.06 -> 21.74; B >= 256 +0.1..+0.3% (hence the wave bound); T = 2 mixed (dense B = 16
-// -2.9%, pool B = 64 +1.0%); bf16 state slower everywhere (docs/performance.md section 4).
+// -2.9%, pool B = 64 +1.0%); bf16 state slower everywhere (docs/design.md section 4).
 // Returns the tile rows, or 0 where the rule does not apply.
 constexpr int kVkFineTileBytes = 16384;
 constexpr int kVkFineMaxWaves = 8;
@@ -231,7 +231,7 @@ int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
 
 // The chunked kernel's fixed work (product, solve and update phases, each behind a barrier)
 // only pays where the token loop is issue-bound: several tokens and a grid that fills the GPU.
-// Measured on the H100 (Qwen3-Next pool, bf16 state, no cache; docs/performance.md section 4):
+// Measured on the H100 (Qwen3-Next pool, bf16 state, no cache; docs/design.md section 4):
 // T = 8 B = 512 545 -> 422 us, B = 16 23.7 -> 17.8; T = 4 B >= 64 2-3% faster, B = 16 equal;
 // slower at T <= 3 (T = 2 B = 512 316 -> 345) and at B <= 4 (B = 1 T = 4 5.7 -> 9.1 us).
 constexpr int64_t kChunkMinT = 4;
@@ -245,7 +245,7 @@ bool vk_chunk_pays(const Problem& p) {
 // The direct token loop trades the block's conversion phase and one barrier for per-thread
 // q/k norms in every token: a latency saving where an SM holds one or two blocks, extra issue
 // work that grows with the blocks per SM and the tokens. Measured on the H100 (bf16 q/k/v,
-// docs/performance.md section 4): Qwen3-Next B = 1 (128 blocks) T = 1 fp32 4.19 -> 3.76 us,
+// docs/design.md section 4): Qwen3-Next B = 1 (128 blocks) T = 1 fp32 4.19 -> 3.76 us,
 // bf16 3.84 -> 3.36, T = 2..6 -2..-9%, T = 8..16 -4..+4%; Qwen3.5 B = 1 (256 blocks) T = 1..2
 // -9..+1%, T >= 3 fp32 without the cache +2..+10%; B = 4 (512 blocks) T = 4 fp32 +8.5%, B = 16
 // T = 1 bf16 +3%. So: one block per SM at any T (the full sweeps at 7504c08, direct, and
@@ -352,7 +352,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
 // KV tile: the wide variant (KvTileWide: four rows per thread; fp32 four times the threads,
 // 16-bit half-width tiles with K threads) where the grid of 64-thread tiles leaves SMs with
 // little to do: at most one per SM (fp32) or two (16-bit). Measured on the H100 (GDN_CUDA_KV_WIDE
-// =2 against 0, both models, dense and pool, T = 1, 2, 4, 8, min of two runs; docs/performance.md
+// =2 against 0, both models, dense and pool, T = 1, 2, 4, 8, min of two runs; docs/design.md
 // section 4): fp32 at <= 132 tiles -14..-26% (Qwen3-Next B = 1 T = 1 5.25 -> 4.53 us, T = 4
 // 9.26 -> 6.85), at two per SM -8..+7%, beyond +8..+110% (eight warps' per-token reduction
 // through shared memory outweighs the shorter rows); bf16 at <= 132 tiles -23..-48% (Qwen3-Next
@@ -433,7 +433,7 @@ cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
   plan.pdl = pdl_enabled();
   // Pre-wait prefetching pays only where this grid can become resident while the previous
   // kernel runs, i.e. one wave of small blocks; at large B it only adds instructions (measured:
-  // -1 us at B=1, +1..4% at B >= 64; docs/performance.md).
+  // -1 us at B=1, +1..4% at B >= 64; docs/design.md).
   plan.geo.prefetch = prefetch_enabled() && one_wave(plan.blocks);
   return p.layout_kv ? launch_kv<S>(p, plan, stream) : launch_vk<S>(p, plan, stream);
 }

@@ -72,7 +72,7 @@ struct VkShape {
 // Lazy decay (tile path, T > 1 without the cache or per-token slots: only the last token's
 // state is stored): a thread keeps its rows as S = gam_acc * Sh with Sh in st, so each token
 // but the last costs one FMA per element, Sh += (dk / gam) * k, instead of a multiply and an
-// FMA (without the cache the token loop is issue-bound from T = 3 on: docs/performance.md);
+// FMA (without the cache the token loop is issue-bound from T = 3 on: docs/design.md);
 // the last token takes the literal step S = gam*S + dk*k, which folds the factor back. The
 // tokens run in segments, a loop of lazy steps and one literal step, whose ends are found
 // before they run (vk_lazy_end, block-uniform), so no loop branches per token; a segment ends
@@ -127,7 +127,7 @@ __device__ __forceinline__ void group_reduce_scatter(float (&x)[N], int j) {
 // read raw from the staging area (lane j's K-elements in the order of its state vectors of
 // kDirectVE elements) instead of converted by stage_convert, and the token's q/k sums for the
 // norms ride along the dot products' all-reduce: no conversion phase and one block barrier
-// instead of two, which is what a latency-bound small grid waits for (docs/performance.md).
+// instead of two, which is what a latency-bound small grid waits for (docs/design.md).
 template <int K, int R, bool kLazy, int kDirectVE = 0, typename VIn = float>
 __device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], float& gam_acc,
                                          const StageSmem& sm, int t, int j, const VIn* vrow,

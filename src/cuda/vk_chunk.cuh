@@ -4,7 +4,7 @@
 //
 // Why: token by token the step needs three fp32 operations per state element and token plus
 // a per-token reduction chain; without the cache that loop, not memory, bounds the call from
-// T = 3 on for a bf16 state (docs/performance.md, section 1). Unrolled over the tokens
+// T = 3 on for a bf16 state (docs/design.md, section 1). Unrolled over the tokens
 // (SPEC section 2; gamma_t = g_0 * ... * g_t, G_ts = g_{s+1} * ... * g_t, G_tt = 1, S0 the state
 // read, kh_t = rk_t * k_t, qh_t = rqs_t * q_t with the norms and the scale as scalars):
 //
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kVkThreads, 5)
     // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
     // then its stores, so that no load waits behind the previous n-tile's store (the
     // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
-    // (docs/performance.md section 4): the per-block chain lies elsewhere.
+    // (docs/design.md section 4): the per-block chain lies elsewhere.
     constexpr int NG = 8;
 #pragma unroll
     for (int n0 = 0; n0 < K / 8; n0 += NG) {
