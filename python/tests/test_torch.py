@@ -121,7 +121,7 @@ def test_pool_padding_split_and_bad_slots(device, state_dtype):
     def build(dev):
         d = Draw(120, dev)
         args = d.inputs(B, T, H, HV, K, V)
-        args.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16))
+        args.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16), layout="VK")
         args["read_slots"] = torch.tensor([3, -1, 0, 9, 16, 5], dtype=torch.int32, device=dev)
         args["write_slots"] = torch.tensor([4, 7, 0, -1, 1, 6], dtype=torch.int64, device=dev)
         args["error_count"] = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -140,7 +140,7 @@ def test_token_slots_num_accepted_and_cache(device, state_dtype):
     def build(dev):
         d = Draw(130, dev)
         args = d.inputs(B, T, H, HV, K, V)
-        args.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16))
+        args.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16), layout="VK")
         args["token_slots"] = (1 + torch.arange(B * T, dtype=torch.int32)).reshape(B, T).to(dev)
         args["num_accepted"] = torch.tensor([1, 4, 2], dtype=torch.int32, device=dev)
         args["inter"] = d.nan((B, T, HV, V, K), state_dtype)
@@ -165,7 +165,7 @@ def test_pool_every_other_head(device):
         d = Draw(150, dev)
         args = d.inputs(B, T, H, HV, K, V)
         wide = d.pool(P, 2 * HV, K, V)
-        args.update(state=wide[:, ::2], o=d.nan((B, T, HV, V), BF16))
+        args.update(state=wide[:, ::2], o=d.nan((B, T, HV, V), BF16), layout="VK")
         args["read_slots"] = torch.tensor([5, 0, 2], dtype=torch.int64, device=dev)
         return args, {"o": args["o"], "wide": wide}
 
@@ -185,7 +185,7 @@ def test_packed_qkv(device):
             q=qkv[..., : H * K].view(B, T, H, K), k=qkv[..., H * K: 2 * H * K].view(B, T, H, K),
             v=qkv[..., 2 * H * K:].view(B, T, HV, V), a=ab[..., :HV], b=ab[..., HV:],
             A_log=d.uniform((HV,), 1.0, 16.0).log(), dt_bias=d.normal((HV,), F32, 0.1),
-            state=d.pool(B, HV, K, V), o=d.nan((B, T, HV, V), BF16))
+            state=d.pool(B, HV, K, V), o=d.nan((B, T, HV, V), BF16), layout="VK")
         assert args["q"].data_ptr() == qkv.data_ptr() and not args["k"].is_contiguous()
         return args, {"o": args["o"], "state": args["state"]}
 
@@ -252,8 +252,9 @@ def test_custom_op_opcheck():
     args, _ = dense(190, B=2, T=2, K=64, V=64)("cpu")
     names = ["q", "k", "v", "state", "o", "a", "b", "A_log", "dt_bias", "g", "beta", "read_slots",
              "write_slots", "token_slots", "num_accepted", "inter", "error_count"]
-    tensors = [args.get(n) for n in names]
-    torch.library.opcheck(torch.ops.gdn.decode.default, (*tensors, "VK", None, True, True, False),
+    positional = [args[n] for n in names[:5]]
+    keyword = {n: args.get(n) for n in names[5:]}
+    torch.library.opcheck(torch.ops.gdn.decode.default, tuple(positional), dict(keyword, layout="VK"),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -274,7 +275,7 @@ class Layer(torch.nn.Module):
         k = qkv[..., H * K: 2 * H * K].view(B, T, H, K)
         v = qkv[..., 2 * H * K:].view(B, T, HV, V)
         o = gdn.decode(q, k, v, pool, a=ab[..., :HV], b=ab[..., HV:], A_log=self.A_log,
-                       dt_bias=self.dt_bias, read_slots=slots, inter=inter)
+                       dt_bias=self.dt_bias, read_slots=slots, inter=inter, layout="VK")
         return (o.float() * 2).flatten(2)
 
 
@@ -340,7 +341,7 @@ def test_cuda_graph_replay_with_new_inputs(T, state_dtype):
     B, H, HV, K, V, P = 4, 2, 4, 128, 128, 12
     d = Draw(230, "cuda")
     static = d.inputs(B, T, H, HV, K, V)
-    static.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16))
+    static.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16), layout="VK")
     static["read_slots"] = torch.zeros(B, dtype=torch.int32, device="cuda")
     static["write_slots"] = torch.zeros(B, dtype=torch.int32, device="cuda")
     static["error_count"] = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -399,7 +400,7 @@ def test_flashinfer_pretranspose_pool(state_dtype):
     assert ret is pool and out.dtype == BF16 and (out[2] == 0).all()
     rx, rpool, ridx = build("cpu")
     want = gdn.reference_decode(rx["q"], rx["k"], rx["v"], rpool, a=rx["a"], b=rx["b"], A_log=rx["A_log"],
-                                dt_bias=rx["dt_bias"], read_slots=ridx)
+                                dt_bias=rx["dt_bias"], read_slots=ridx, layout="VK")
     assert_close(out, want, "o")
     assert_close(pool, rpool, "state")
 
@@ -430,7 +431,7 @@ def test_flashinfer_nontranspose_and_mtp():
                                        intermediate_states_buffer=buf, disable_state_update=True)
     want = gdn.reference_decode(cpu["q"], cpu["k"], cpu["v"], want_pool, a=cpu["a"], b=cpu["b"],
                                 A_log=cpu["A_log"], dt_bias=cpu["dt_bias"], read_slots=idx.cpu(),
-                                inter=want_buf, update_state=False)
+                                inter=want_buf, update_state=False, layout="VK")
     assert ret is pool
     assert_close(out, want, "o")
     assert torch.equal(pool.cpu(), want_pool)
@@ -465,7 +466,7 @@ def test_gdn_imported_before_torch_compiles_without_graph_break():
                     a=torch.randn(B, T, HV), b=torch.randn(B, T, HV), A_log=torch.zeros(HV),
                     dt_bias=torch.zeros(HV), state=torch.zeros(B, HV, V, K))
         def f(args):
-            return gdn.decode(**args) + 1
+            return gdn.decode(**args, layout="VK") + 1
         with torch.no_grad():
             out = torch.compile(f, fullgraph=True, backend="aot_eager")(args)
         assert out.shape == (B, T, HV, V)
