@@ -12,6 +12,7 @@ tensors take a fast path, ``torch.ops.gdn.decode`` is registered, and calls made
 ``torch.compile`` go through that custom op.
 """
 
+import re as _re
 import sys as _sys
 
 try:
@@ -70,6 +71,37 @@ def _shape_of(x, name, rank, dims):
     if len(shape) != rank:
         raise ValueError(f"{name} must have rank {rank} {dims}, got shape {tuple(shape)}")
     return shape
+
+
+def _flag(x, name):
+    """A Python-level bool argument of a drop-in function (the binding checks decode's own)."""
+    if x is True or x is False:
+        return x
+    if type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_"):
+        return bool(x)
+    raise TypeError(f"{name} must be a bool (True or False), got {_type_name(x)}"
+                    + ("" if x is None else f" ({x!r})"))
+
+
+def _translated(e, names):
+    """e (a TypeError or ValueError from decode) with decode's argument names replaced by the
+    caller's: a drop-in's caller never saw gdn's names."""
+    msg = str(e)
+    for gdn_name, name in names:
+        msg = _re.sub(rf"(?<![\w.]){gdn_name}(?!\w)", name, msg)
+    return type(e)(msg)
+
+
+def _layout_error(layout):
+    # The messages of the binding's parse_layout, for the torch.compile path, which never reaches it.
+    if layout is None:
+        return TypeError("layout is required (it has no default: the two layouts have the same shape when K == V): "
+                         "'VK' = [P, HV, V, K], K contiguous (FlashInfer pretranspose, FLA state_v_first), or "
+                         "'KV' = [P, HV, K, V], V contiguous (FLA, HF transformers, vLLM)")
+    if isinstance(layout, str):
+        return ValueError("layout must be 'VK' ([P, HV, V, K], K contiguous) or 'KV' ([P, HV, K, V], V contiguous), "
+                          f"got {layout!r}")
+    return TypeError(f"layout must be a str, 'VK' or 'KV', got {type(layout).__name__} ({layout!r})")
 
 
 _O_DTYPES = ("bfloat16", "float16", "float32")
@@ -174,7 +206,10 @@ def decode(
         o = _new_output(q, v, o_dtype)
     t = _torch_api if _torch_api is not None else _load_torch()
     if t is not None and t.compiling():
-        # Under torch.compile the call must be an op the graph can hold.
+        # Under torch.compile the call must be an op the graph can hold. The op's schema
+        # would refuse a missing layout with a message about types; this one says what to pass.
+        if layout != "VK" and layout != "KV":
+            raise _layout_error(layout)
         t.op(q, k, v, state, o, a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g, beta=beta,
              read_slots=read_slots, write_slots=write_slots, token_slots=token_slots,
              num_accepted=num_accepted, inter=inter, error_count=error_count, layout=layout, scale=scale,
