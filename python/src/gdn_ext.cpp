@@ -230,10 +230,12 @@ void try_init_torch() {
 
 bool is_torch_tensor(PyObject* o) { return g_torch.ready && PyObject_TypeCheck(o, g_torch.tensor_type); }
 
+#if !defined(GDN_TORCH_ABI)  // gdn._C_torch reads these from the C++ tensor (torch_abi.cpp)
 std::string requires_grad_message(const char* name) {
   return std::string(name) + " requires grad, but gdn is inference-only (it has no backward): call it under "
          "torch.no_grad() or torch.inference_mode(), or pass " + name + ".detach()";
 }
+#endif
 
 [[noreturn]] void throw_unsupported_torch_dtype(PyObject* o, const char* name) {
   PyObject* dt = PyObject_GetAttr(o, s_dtype);
@@ -375,6 +377,7 @@ std::optional<void*> parse_step_scalars(PyObject* const* s, gdn::StepArgs& d) {
 // Tensors
 // ---------------------------------------------------------------------------------------
 
+#if !defined(GDN_TORCH_ABI)
 int64_t as_int64(PyObject* o) {
   const long long v = PyLong_AsLongLong(o);
   if (v == -1 && PyErr_Occurred()) throw nb::python_error();
@@ -391,6 +394,7 @@ int fill_dims(PyObject* tup, int64_t* out, const char* name, const char* what) {
   for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_int64(PyTuple_GET_ITEM(tup, i));
   return static_cast<int>(n);
 }
+#endif
 
 // The per-call conversion state: keeps DLPack imports alive until the call returns and
 // remembers the CUDA device of torch tensors, whose current stream is the default.
