@@ -28,11 +28,11 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <optional>
 #include <string>
 
@@ -76,38 +76,6 @@ struct TensorParam {
 enum StepScalar : int {
   kLayout, kScale, kUseQkL2norm, kUpdateState, kCheckDuplicateWrites, kStream, kNumStepScalars
 };
-
-struct DecodeOp {
-  using Args = gdn::DecodeArgs;
-  static constexpr TensorParam<Args> kTensors[] = {
-      {"q", &Args::q, Access::kRead},
-      {"k", &Args::k, Access::kRead},
-      {"v", &Args::v, Access::kRead},
-      {"state", &Args::state, Access::kWriteIfUpdate},
-      {"o", &Args::o, Access::kWrite},
-      {"a", &Args::a, Access::kRead},
-      {"b", &Args::b, Access::kRead},
-      {"A_log", &Args::A_log, Access::kRead},
-      {"dt_bias", &Args::dt_bias, Access::kRead},
-      {"g", &Args::g, Access::kRead},
-      {"beta", &Args::beta, Access::kRead},
-      {"read_slots", &Args::read_slots, Access::kRead},
-      {"write_slots", &Args::write_slots, Access::kRead},
-      {"token_slots", &Args::token_slots, Access::kRead},
-      {"num_accepted", &Args::num_accepted, Access::kRead},
-      {"inter", &Args::inter, Access::kWrite},
-      {"error_count", &Args::error_count, Access::kWrite},
-  };
-  static constexpr int kNumTensors = static_cast<int>(std::size(kTensors));
-  static constexpr int kNumExtraScalars = 0;
-  static void parse_extra(PyObject* const*, Args&) {}
-  static gdn::Status check(const Args& a) { return gdn::can_implement(a); }
-  static gdn::Status run(const Args& a, void* stream) { return gdn::decode(a, stream); }
-  static gdn::Status reference(const Args& a) { return gdn::reference::decode(a); }
-};
-
-constexpr int kMaxTensors = 24;
-static_assert(DecodeOp::kNumTensors <= kMaxTensors);
 
 // ---------------------------------------------------------------------------------------
 // Errors
@@ -530,7 +498,7 @@ nb::object bfloat16_bits(PyObject* o) {
 }
 
 template <class Cv>
-void to_view(PyObject* o, int idx, const char* name, bool written, gdn::TensorView& v, Cv& cv) {
+void to_view(PyObject* o, int idx, const char* name, Access access, bool written, gdn::TensorView& v, Cv& cv) {
   if (o == Py_None) return;  // absent; the checks say whether it was required
   if (is_torch_tensor(o)) return torch_view(o, name, v, cv);
   bool ok = written ? nb::try_cast(nb::handle(o), cv.out[idx], false) : nb::try_cast(nb::handle(o), cv.in[idx], false);
@@ -546,7 +514,7 @@ void to_view(PyObject* o, int idx, const char* name, bool written, gdn::TensorVi
     PyErr_Clear();
     if (written && nb::try_cast(nb::handle(o), cv.in[idx], false))
       throw_value_error(std::string(name) + " is read-only, but gdn writes it in place" +
-                        (std::strcmp(name, "state") == 0 ? " (pass update_state=False to only read it)" : ""));
+                        (access == Access::kWriteIfUpdate ? " (pass update_state=False to only read it)" : ""));
     PyErr_Clear();
     throw_not_a_tensor(o, name, written);
   }
@@ -558,6 +526,62 @@ void to_view(PyObject* o, int idx, const char* name, bool written, gdn::TensorVi
 bool is_written(Access a, bool update_state) {
   return a == Access::kWrite || (a == Access::kWriteIfUpdate && update_state);
 }
+
+// ---------------------------------------------------------------------------------------
+// The operations
+// ---------------------------------------------------------------------------------------
+
+// The tensors of the recurrence step (gdn::StepArgs), in their positional order; every
+// operation lists them after its own.
+template <class Args>
+constexpr std::array<TensorParam<Args>, 14> step_tensors() {
+  return {{
+      {"state", &Args::state, Access::kWriteIfUpdate},
+      {"o", &Args::o, Access::kWrite},
+      {"a", &Args::a, Access::kRead},
+      {"b", &Args::b, Access::kRead},
+      {"A_log", &Args::A_log, Access::kRead},
+      {"dt_bias", &Args::dt_bias, Access::kRead},
+      {"g", &Args::g, Access::kRead},
+      {"beta", &Args::beta, Access::kRead},
+      {"read_slots", &Args::read_slots, Access::kRead},
+      {"write_slots", &Args::write_slots, Access::kRead},
+      {"token_slots", &Args::token_slots, Access::kRead},
+      {"num_accepted", &Args::num_accepted, Access::kRead},
+      {"inter", &Args::inter, Access::kWrite},
+      {"error_count", &Args::error_count, Access::kWrite},
+  }};
+}
+
+template <class T, size_t N, size_t M>
+constexpr std::array<T, N + M> concat(const std::array<T, N>& x, const std::array<T, M>& y) {
+  std::array<T, N + M> r{};
+  for (size_t i = 0; i < N; ++i) r[i] = x[i];
+  for (size_t i = 0; i < M; ++i) r[N + i] = y[i];
+  return r;
+}
+
+// gdn.decode: q, k, v, then the step's tensors; no scalars of its own.
+struct DecodeOp {
+  using Args = gdn::DecodeArgs;
+  static constexpr auto kTensors = concat(std::array<TensorParam<Args>, 3>{{
+                                              {"q", &Args::q, Access::kRead},
+                                              {"k", &Args::k, Access::kRead},
+                                              {"v", &Args::v, Access::kRead},
+                                          }},
+                                          step_tensors<Args>());
+  static constexpr int kNumTensors = static_cast<int>(kTensors.size());
+  static constexpr int kNumExtraScalars = 0;
+  static void parse_extra(PyObject* const*, Args&) {}
+  static gdn::Status check(const Args& a) { return gdn::can_implement(a); }
+  static gdn::Status run(const Args& a, void* stream) { return gdn::decode(a, stream); }
+  static gdn::Status reference(const Args& a) { return gdn::reference::decode(a); }
+};
+
+// An operation is added as a traits struct like DecodeOp (its own tensors concatenated with
+// step_tensors(), its own scalars parsed in parse_extra, its C++ functions) and three
+// PyMethodDef entries below. The C++ memory checks hold up to 24 tensors of one call.
+static_assert(DecodeOp::kNumTensors <= 24);
 
 // ---------------------------------------------------------------------------------------
 // Entry points, generic over the operation
@@ -603,7 +627,7 @@ gdn::Status run(Mode mode, PyObject* const* args, Py_ssize_t nargs) {
   Converter<Op::kNumTensors> cv;
   for (int i = 0; i < Op::kNumTensors; ++i) {
     const TensorParam<typename Op::Args>& p = Op::kTensors[i];
-    to_view(args[i], i, p.name, is_written(p.access, d.update_state), d.*(p.field), cv);
+    to_view(args[i], i, p.name, p.access, is_written(p.access, d.update_state), d.*(p.field), cv);
   }
 
   if (mode == Mode::kCheck) return Op::check(d);
