@@ -226,7 +226,10 @@ bool truthy(PyObject* o) {
 }
 
 // numpy's scalar types, recognised by name so that gdn never imports numpy.
-bool is_numpy_scalar(PyObject* o) { return std::strncmp(Py_TYPE(o)->tp_name, "numpy.", 6) == 0; }
+bool is_numpy_scalar(PyObject* o) {
+  const char* n = Py_TYPE(o)->tp_name;
+  return std::strncmp(n, "numpy.", 6) == 0 && std::strcmp(n, "numpy.ndarray") != 0;
+}
 bool is_numpy_bool(PyObject* o) {
   const char* n = Py_TYPE(o)->tp_name;
   return std::strcmp(n, "numpy.bool") == 0 || std::strcmp(n, "numpy.bool_") == 0;
@@ -321,7 +324,12 @@ std::optional<void*> parse_stream(PyObject* o) {
       handle = attr.ptr();
     }
   }
-  nb::object index = steal_or_throw(PyNumber_Index(handle));
+  PyObject* idx = PyNumber_Index(handle);
+  if (idx == nullptr) {
+    PyErr_Clear();
+    throw_type_error("stream must be an int handle (a cudaStream_t), got " + describe(handle));
+  }
+  nb::object index = nb::steal(idx);
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
   if (v == -1 && PyErr_Occurred()) throw nb::python_error();

@@ -666,3 +666,76 @@ def test_stream_argument_accepted_on_cpu():
 
 def test_cuda_available_is_bool():
     assert isinstance(gdn.cuda_available(), bool)
+
+
+# --- every public entry point, every argument, malformed values ----------------------------
+
+def _malformed():
+    read_only = np.zeros((2, 2, 64, 64), np.float32)
+    read_only.flags.writeable = False
+    return [None, 0, 1, -1, 1.5, float("nan"), "x", "VK", b"x", True, np.True_, [1.0], (1,), {}, object(),
+            np.float64(1), np.int64(3), 2 ** 70, np.zeros(3), np.zeros(()), np.zeros((0,)),
+            np.zeros((2, 1, 1, 64), np.float64), np.zeros((2, 1, 1, 64), np.complex64),
+            np.zeros((2, 1, 1, 64), object), np.zeros((2, 2, 2, 64, 64, 1), np.float32), read_only,
+            np.zeros((2, 2), np.int64), np.full(2, -5, np.int32), np.full(2, 99, np.int64)]
+
+
+def _entry_points():
+    """(function, valid keyword arguments) for every public entry point."""
+    from gdn import fla
+    from gdn import flashinfer as fi
+
+    def base():
+        rng = np.random.default_rng(80)
+        x = qkv(rng, 2, 1, 1, 2, 64, 64)
+        x.update(gates(rng, 2, 1, 2))
+        return x, rng
+
+    def decode_args():
+        x, rng = base()
+        return dict(x, state=pool(rng, 4, 2, 64, 64), read_slots=np.array([0, 1], np.int32), layout="VK")
+
+    def fi_pre():
+        x, rng = base()
+        return dict(x, state=pool(rng, 2, 2, 64, 64))
+
+    def fi_mtp():
+        x, rng = base()
+        return dict(x, initial_state=pool(rng, 4, 2, 64, 64), initial_state_indices=np.array([0, 1], np.int32))
+
+    def fla_args():
+        x, rng = base()
+        g = gates(rng, 2, 1, 2, "precomputed")
+        return dict(q=x["q"], k=x["k"], v=x["v"], initial_state=pool(rng, 2, 2, 64, 64, "KV"), **g)
+
+    def vllm_args():
+        args = fla_args()
+        args["ssm_state_indices"] = np.array([1, 0], np.int32)
+        return args
+
+    return [(gdn.decode, decode_args), (gdn.reference_decode, decode_args), (gdn.can_implement, decode_args),
+            (fi.gated_delta_rule_decode_pretranspose, fi_pre), (fi.gated_delta_rule_decode, fi_pre),
+            (fi.gated_delta_rule_mtp, fi_mtp), (fla.fused_recurrent_gated_delta_rule, fla_args),
+            (fla.fused_recurrent_gated_delta_rule_vllm, vllm_args)]
+
+
+SCALARS = {"layout", "scale", "use_qk_l2norm", "update_state", "check_duplicate_writes", "o_dtype", "stream",
+           "disable_state_update", "output_final_state", "inplace_final_state", "use_qk_l2norm_in_kernel"}
+
+
+@pytest.mark.parametrize("entry,valid", _entry_points(), ids=lambda x: getattr(x, "__name__", ""))
+def test_malformed_arguments_raise_type_or_value_error(entry, valid):
+    # Every parameter of every entry point, set to each malformed value in turn: the call
+    # succeeds or raises TypeError / ValueError (never AttributeError, IndexError, ... or a
+    # crash); a scalar's error names it.
+    import inspect
+
+    for name in inspect.signature(entry).parameters:
+        for value in _malformed():
+            args = valid()
+            args[name] = value
+            try:
+                entry(**args)
+            except (TypeError, ValueError) as e:
+                if name in SCALARS:
+                    assert name in str(e), f"{entry.__name__}({name}={value!r}): {e}"
