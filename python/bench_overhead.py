@@ -72,7 +72,7 @@ def main():
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 
     def wrapper():
-        gdn.decode(q, k, v, state, o, a=a, b=b, A_log=A_log, dt_bias=dt_bias, read_slots=slots)
+        gdn.decode(q, k, v, state, o, a=a, b=b, A_log=A_log, dt_bias=dt_bias, read_slots=slots, layout="VK")
 
     raw = gdn._run  # gdn._C_torch.decode where it was built for this torch, else gdn._C.decode
 

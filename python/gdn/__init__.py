@@ -4,13 +4,15 @@ One entry point, :func:`decode`, runs every addressing mode (dense, pool, split 
 per-token slots, accepted-token continuation) on any DLPack tensors (torch, numpy,
 cupy, jax) without copying them. :func:`reference_decode` runs the float64 oracle with
 the same signature; :func:`can_implement` runs only the checks. ``gdn.flashinfer`` has
-drop-in functions with FlashInfer's names and parameters. See docs/python.md.
+drop-in functions with FlashInfer's names and parameters, ``gdn.fla`` with FLA's and
+vLLM's. See docs/python.md.
 
 torch is optional and never imported by gdn: once the caller has imported it, torch
 tensors take a fast path, ``torch.ops.gdn.decode`` is registered, and calls made under
 ``torch.compile`` go through that custom op.
 """
 
+import re as _re
 import sys as _sys
 
 try:
@@ -56,35 +58,97 @@ def _load_torch():
     return t
 
 
-def _stream_handle(stream):
-    # cupy streams expose .ptr, torch streams .cuda_stream; anything else must be an int.
-    for attr in ("ptr", "cuda_stream"):
-        h = getattr(stream, attr, None)
-        if h is not None:
-            return int(h)
-    return int(stream)
+def _type_name(x):
+    return "None" if x is None else type(x).__name__
 
 
-def _out_shape(q, v):
+def _shape_of(x, name, rank, dims):
+    """x.shape for an argument gdn reads a shape from in Python, or the error naming it."""
+    shape = getattr(x, "shape", None)
+    if shape is None or isinstance(x, type):
+        raise TypeError(f"{name} must be a tensor that supports DLPack or the buffer protocol (torch, numpy, "
+                        f"cupy, jax, ...), got {_type_name(x)}")
+    if len(shape) != rank:
+        raise ValueError(f"{name} must have rank {rank} {dims}, got shape {tuple(shape)}")
+    return shape
+
+
+def _flag(x, name):
+    """A Python-level bool argument of a drop-in function (the binding checks decode's own)."""
+    if x is True or x is False:
+        return x
+    if type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_"):
+        return bool(x)
+    raise TypeError(f"{name} must be a bool (True or False), got {_type_name(x)}"
+                    + ("" if x is None else f" ({x!r})"))
+
+
+def _translated(e, names):
+    """e (a TypeError or ValueError from decode) with decode's argument names replaced by the
+    caller's: a drop-in's caller never saw gdn's names."""
+    msg = str(e)
+    for gdn_name, name in names:
+        msg = _re.sub(rf"(?<![\w.]){gdn_name}(?!\w)", name, msg)
+    return type(e)(msg)
+
+
+def _layout_error(layout):
+    # The messages of the binding's parse_layout, for the torch.compile path, which never reaches it.
+    if layout is None:
+        return TypeError("layout is required (it has no default: the two layouts have the same shape when K == V): "
+                         "'VK' = [P, HV, V, K], K contiguous (FlashInfer pretranspose, FLA state_v_first), or "
+                         "'KV' = [P, HV, K, V], V contiguous (FLA, HF transformers, vLLM)")
+    if isinstance(layout, str):
+        return ValueError("layout must be 'VK' ([P, HV, V, K], K contiguous) or 'KV' ([P, HV, K, V], V contiguous), "
+                          f"got {layout!r}")
+    return TypeError(f"layout must be a str, 'VK' or 'KV', got {type(layout).__name__} ({layout!r})")
+
+
+_O_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _check_o_dtype(dtype):
+    # Named here, where o_dtype is known: the C++ checks would blame o, which the caller never saw.
+    name = getattr(dtype, "name", None)
+    if not isinstance(name, str):
+        name = str(dtype).rpartition(".")[2]
+    if name not in _O_DTYPES:
+        raise ValueError(f"o_dtype must be bfloat16, float16 or float32, got {dtype}")
+    return dtype
+
+
+def _numpy_dtype(np, o_dtype):
     try:
-        return (q.shape[0], q.shape[1], v.shape[2], v.shape[3])
-    except (IndexError, AttributeError, TypeError):
-        raise ValueError(
-            "cannot infer o's shape [B, T, HV, V]: q must be [B, T, H, K] and v [B, T, HV, V], got q "
-            f"{tuple(getattr(q, 'shape', ()))} and v {tuple(getattr(v, 'shape', ()))}"
-        ) from None
+        return np.dtype(o_dtype)
+    except TypeError:
+        if isinstance(o_dtype, str):
+            raise ValueError(f"o_dtype {o_dtype!r} is not a dtype name numpy knows "
+                             "(use 'float32' or 'float16', or an ml_dtypes.bfloat16)") from None
+        raise TypeError(f"o_dtype must be a dtype or a dtype name such as 'float32', got {_type_name(o_dtype)}") from None
 
 
 def _new_output(q, v, o_dtype):
     """Allocates o [B, T, HV, V] with q's framework and device (dtype: o_dtype or q's)."""
-    shape = _out_shape(q, v)
+    qs = _shape_of(q, "q", 4, "[B, T, H, K]")
+    vs = _shape_of(v, "v", 4, "[B, T, HV, V]")
+    shape = (qs[0], qs[1], vs[2], vs[3])
     t = _torch_api if _torch_api is not None else _load_torch()
     if t is not None and isinstance(q, t.Tensor):
-        return t.new_output(shape, q, o_dtype)
+        return t.new_output(shape, q, None if o_dtype is None else _check_o_dtype(t.dtype_of(o_dtype)))
     np = _modules.get("numpy")
     if np is not None and isinstance(q, np.ndarray):
-        return np.empty(shape, dtype=q.dtype if o_dtype is None else o_dtype)
-    dtype = q.dtype if o_dtype is None else o_dtype
+        dtype = q.dtype if o_dtype is None else _check_o_dtype(_numpy_dtype(np, o_dtype))
+        return np.empty(shape, dtype=dtype)
+    if o_dtype is None:
+        dtype = q.dtype
+    elif isinstance(o_dtype, str):
+        namespace = getattr(q, "__array_namespace__", None)
+        dtype = getattr(namespace(), o_dtype, None) if namespace is not None else o_dtype
+        if dtype is None:
+            raise ValueError(f"o_dtype {o_dtype!r} is not a dtype of q's framework")
+        _check_o_dtype(dtype)
+    else:
+        dtype = _check_o_dtype(o_dtype)
     namespace = getattr(q, "__array_namespace__", None)
     if namespace is not None:
         return namespace().empty(shape, dtype=dtype, device=q.device)
@@ -93,7 +157,7 @@ def _new_output(q, v, o_dtype):
     mod = _modules.get(type(q).__module__.partition(".")[0])
     empty = getattr(mod, "empty", None)
     if empty is None:
-        raise ValueError(f"o: cannot allocate an output for q of type {type(q).__name__}; pass o")
+        raise TypeError(f"o: cannot allocate an output for q of type {type(q).__name__}; pass o")
     return empty(shape, dtype=dtype)
 
 
@@ -110,7 +174,7 @@ def decode(
     dt_bias=None,
     g=None,
     beta=None,
-    layout="VK",
+    layout=None,
     read_slots=None,
     write_slots=None,
     token_slots=None,
@@ -129,25 +193,29 @@ def decode(
     q, k [B, T, H, K] and v [B, T, HV, V] (bf16, fp16 or fp32, one dtype); gates either raw
     (``a``, ``b`` [B, T, HV], ``A_log``, ``dt_bias`` [HV]) or precomputed (``g``, ``beta``
     [B, T, HV]). ``state`` is [B, HV, ...] (dense) or a pool [P, HV, ...] addressed by
-    ``read_slots``/``write_slots`` [B] or ``token_slots`` [B, T] (+ ``num_accepted`` [B]);
-    ``layout`` "VK" = [.., V, K] (K contiguous) or "KV" = [.., K, V]. The state and
-    ``inter`` [B, T, HV, <layout>] are updated in place. ``o`` is allocated with q's
-    framework when None (dtype ``o_dtype`` or q's). ``stream``: a CUDA stream (int, or an
-    object with ``.ptr`` / ``.cuda_stream``); default torch's current stream for torch
-    tensors, else the legacy default stream. Bad arguments raise ValueError naming the
-    argument; a failed CUDA launch raises RuntimeError. See docs/python.md.
+    ``read_slots``/``write_slots`` [B] or ``token_slots`` [B, T] (+ ``num_accepted`` [B]).
+    ``layout`` is required: "VK" = [.., V, K] (K contiguous) or "KV" = [.., K, V] (V
+    contiguous). The state and ``inter`` [B, T, HV, <layout>] are updated in place. ``o`` is
+    allocated with q's framework when None (dtype ``o_dtype`` or q's). ``stream``: a CUDA
+    stream (int, or an object with ``.ptr`` / ``.cuda_stream``); default torch's current
+    stream for torch tensors, else the legacy default stream. Bad arguments raise TypeError
+    (a wrong Python type) or ValueError (a bad value), naming the argument; a failed CUDA
+    launch raises RuntimeError. See docs/python.md.
     """
     if o is None:
         o = _new_output(q, v, o_dtype)
     t = _torch_api if _torch_api is not None else _load_torch()
     if t is not None and t.compiling():
-        # Under torch.compile the call must be an op the graph can hold.
-        t.op(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots, token_slots,
-             num_accepted, inter, error_count, layout, scale, use_qk_l2norm, update_state,
-             check_duplicate_writes)
+        # Under torch.compile the call must be an op the graph can hold. The op's schema
+        # would refuse a missing layout with a message about types; this one says what to pass.
+        if layout != "VK" and layout != "KV":
+            raise _layout_error(layout)
+        t.op(q, k, v, state, o, a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g, beta=beta,
+             read_slots=read_slots, write_slots=write_slots, token_slots=token_slots,
+             num_accepted=num_accepted, inter=inter, error_count=error_count, layout=layout, scale=scale,
+             use_qk_l2norm=use_qk_l2norm, update_state=update_state,
+             check_duplicate_writes=check_duplicate_writes)
         return o
-    if stream is not None and type(stream) is not int:
-        stream = _stream_handle(stream)
     _run(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots, token_slots,
          num_accepted, inter, error_count, layout, scale, use_qk_l2norm, update_state,
          check_duplicate_writes, stream)
@@ -167,7 +235,7 @@ def reference_decode(
     dt_bias=None,
     g=None,
     beta=None,
-    layout="VK",
+    layout=None,
     read_slots=None,
     write_slots=None,
     token_slots=None,
@@ -185,13 +253,13 @@ def reference_decode(
 
     Follows docs/semantics.md literally and rounds o, inter and the state to their
     dtypes only where they are stored; the yardstick the tests measure decode against.
-    ``stream`` is accepted for signature parity and ignored.
+    ``stream`` is type-checked like decode's and otherwise ignored.
     """
     if o is None:
         o = _new_output(q, v, o_dtype)
     _run_reference(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots,
                    token_slots, num_accepted, inter, error_count, layout, scale, use_qk_l2norm,
-                   update_state, check_duplicate_writes, None)
+                   update_state, check_duplicate_writes, stream)
     return o
 
 
@@ -236,7 +304,7 @@ def can_implement(
     dt_bias=None,
     g=None,
     beta=None,
-    layout="VK",
+    layout=None,
     read_slots=None,
     write_slots=None,
     token_slots=None,
@@ -252,14 +320,15 @@ def can_implement(
 ):
     """Runs :func:`decode`'s checks without touching tensor data; returns a :class:`Status`.
 
-    Arguments the C++ checks never see (a non-tensor, a bad ``layout``) still raise
-    ValueError. When ``o`` is None one is allocated (uninitialised) to check against.
+    Arguments the C++ checks never see (a non-tensor, a bad ``layout``, a mistyped scalar,
+    a torch tensor that requires grad) still raise TypeError or ValueError. When ``o`` is
+    None one is allocated (uninitialised) to check against.
     """
     if o is None:
         o = _new_output(q, v, o_dtype)
     r = _check(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots,
                token_slots, num_accepted, inter, error_count, layout, scale, use_qk_l2norm,
-               update_state, check_duplicate_writes, None)
+               update_state, check_duplicate_writes, stream)
     if r is None:
         return _OK
     return Status(Status._NAMES.get(r[0], str(r[0])), r[1])

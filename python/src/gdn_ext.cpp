@@ -11,14 +11,28 @@
 // same source built against torch's headers, reads the C++ tensor (torch_abi.cpp). Everything
 // else (numpy, cupy, jax, ...) goes through nanobind's DLPack / buffer-protocol import.
 //
-// The three entry points are METH_FASTCALL functions taking 23 positional arguments in a
-// fixed order (see kArgNames and the Python wrapper in gdn/__init__.py): a generic
-// keyword-argument dispatcher would cost more than the rest of the call.
+// Each operation is described by a table (its tensor arguments in positional order, with
+// the field of its gdn args struct each fills and whether the call writes it) and a traits
+// struct (its extra scalars and the C++ functions it runs); the entry points are generic over
+// that description. The functions are METH_FASTCALL and take every argument positionally in
+// a fixed order (tensors, then the step scalars, then the operation's own scalars; the Python
+// wrappers in gdn/__init__.py pass them): a keyword-argument parser would cost more than the
+// rest of the call. Adding an operation that shares the recurrence step (fused_decode) is a
+// new table, a traits struct and its three PyMethodDef entries.
+//
+// Argument errors raise TypeError for a wrong Python type (a list for a tensor, an int for a
+// flag) and ValueError for a bad value (shapes, dtypes, strides, read-only memory), each naming
+// the argument. Flags and streams are checked with exact type tests first: they are on the
+// per-call path.
 #include <Python.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <array>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -37,25 +51,35 @@ namespace nb = nanobind;
 
 namespace {
 
-// Tensor arguments, in the positional order of the _C functions.
-enum TensorArg : int {
-  kQ, kK, kV, kState, kO, kA, kB, kALog, kDtBias, kG, kBeta,
-  kReadSlots, kWriteSlots, kTokenSlots, kNumAccepted, kInter, kErrorCount,
-  kNumTensors
+// ---------------------------------------------------------------------------------------
+// Argument tables
+// ---------------------------------------------------------------------------------------
+
+// Whether a call writes a tensor, which decides how a DLPack/buffer import asks for it: a
+// written one must be writable (a read-only numpy array is refused up front instead of being
+// written through); one the call only reads may be read-only.
+enum class Access : uint8_t {
+  kRead,
+  kWrite,
+  kWriteIfUpdate,  // written unless update_state is false (the state pools)
 };
-const char* const kArgNames[kNumTensors] = {
-    "q", "k", "v", "state", "o", "a", "b", "A_log", "dt_bias", "g", "beta",
-    "read_slots", "write_slots", "token_slots", "num_accepted", "inter", "error_count"};
-// Arguments gdn writes: imported as writable so a read-only numpy array is refused
-// up front instead of being written through.
-constexpr bool kWritten[kNumTensors] = {false, false, false, true,  true,  false,
-                                        false, false, false, false, false, false,
-                                        false, false, false, true,  true};
-// Scalars that follow the tensors.
-enum ScalarArg : int {
-  kLayout = kNumTensors, kScale, kUseQkL2norm, kUpdateState, kCheckDuplicateWrites, kStream,
-  kNumArgs
+
+template <class Args>
+struct TensorParam {
+  const char* name;
+  gdn::TensorView Args::*field;
+  Access access;
 };
+
+// The scalars every operation takes right after its tensors, in this order: what the
+// recurrence step shares (gdn::StepArgs) plus the stream.
+enum StepScalar : int {
+  kLayout, kScale, kUseQkL2norm, kUpdateState, kCheckDuplicateWrites, kStream, kNumStepScalars
+};
+
+// ---------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------
 
 // Interned attribute names, created once at import.
 PyObject* s_data_ptr;
@@ -65,6 +89,44 @@ PyObject* s_dtype;
 PyObject* s_get_device;
 PyObject* s_is_cpu;
 PyObject* s_device;
+PyObject* s_requires_grad;
+PyObject* s_cuda_stream;
+PyObject* s_ptr;
+PyObject* s_dlpack;
+
+nb::object steal_or_throw(PyObject* o) {
+  if (o == nullptr) throw nb::python_error();
+  return nb::steal(o);
+}
+
+// str(o) or repr(o) for error messages; never throws (a failing __repr__ is replaced).
+std::string to_string(PyObject* o, bool repr) {
+  PyObject* s = repr ? PyObject_Repr(o) : PyObject_Str(o);
+  if (s == nullptr) {
+    PyErr_Clear();
+    return std::string("<") + Py_TYPE(o)->tp_name + ">";
+  }
+  const char* c = PyUnicode_AsUTF8(s);
+  std::string r = c ? c : "?";
+  if (c == nullptr) PyErr_Clear();
+  Py_DECREF(s);
+  return r;
+}
+
+// "int (1)", "str ('no')", "NoneType": the given value in a message about a scalar.
+std::string describe(PyObject* o) {
+  if (o == Py_None) return "None";
+  std::string r = to_string(o, true);
+  if (r.size() > 40) r = r.substr(0, 37) + "...";
+  return std::string(Py_TYPE(o)->tp_name) + " (" + r + ")";
+}
+
+[[noreturn]] void throw_value_error(const std::string& msg) { throw nb::value_error(msg.c_str()); }
+[[noreturn]] void throw_type_error(const std::string& msg) { throw nb::type_error(msg.c_str()); }
+
+// ---------------------------------------------------------------------------------------
+// torch, looked up once someone else has imported it
+// ---------------------------------------------------------------------------------------
 
 // What gdn needs from torch, looked up once torch has been imported by someone else
 // (gdn never imports torch). These references are deliberately never released: releasing
@@ -72,14 +134,18 @@ PyObject* s_device;
 struct TorchApi {
   bool ready = false;
   PyTypeObject* tensor_type = nullptr;
-  static constexpr int kMaxDtypes = 12;
+  static constexpr int kMaxDtypes = 16;
   int n_dtypes = 0;
   PyObject* dtype_obj[kMaxDtypes] = {};
   DLDataType dtype_dl[kMaxDtypes] = {};
-  PyObject* raw_stream = nullptr;      // torch._C._cuda_getCurrentRawStream(device) -> int
-  PyObject* current_stream = nullptr;  // torch.cuda.current_stream, if the above is missing
+  PyObject* is_grad_enabled = nullptr;  // torch.is_grad_enabled
+  PyObject* raw_stream = nullptr;       // torch._C._cuda_getCurrentRawStream(device) -> int
+  PyObject* current_stream = nullptr;   // torch.cuda.current_stream, if the above is missing
 };
 TorchApi g_torch;
+
+// DLPack has no bool code before 0.8; the checks name code 6 "bool".
+constexpr uint8_t kDLBoolCode = 6;
 
 void try_init_torch() {
   PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
@@ -90,15 +156,17 @@ void try_init_torch() {
     PyErr_Clear();
     return;
   }
+  // Dtypes the checks can name; any other torch dtype is reported by the binding under
+  // torch's own name. Keep in step with dl_dtype() in torch_abi.cpp.
   static const struct {
     const char* name;
     DLDataType dt;
   } kDtypes[] = {
-      {"float32", {kDLFloat, 32, 1}}, {"bfloat16", {kDLBfloat, 16, 1}},
-      {"float16", {kDLFloat, 16, 1}}, {"int32", {kDLInt, 32, 1}},
-      {"int64", {kDLInt, 64, 1}},     {"float64", {kDLFloat, 64, 1}},
-      {"int16", {kDLInt, 16, 1}},     {"int8", {kDLInt, 8, 1}},
-      {"uint8", {kDLUInt, 8, 1}},     {"bool", {6 /* kDLBool in DLPack >= 0.8 */, 8, 1}},
+      {"float32", {kDLFloat, 32, 1}},    {"bfloat16", {kDLBfloat, 16, 1}},   {"float16", {kDLFloat, 16, 1}},
+      {"int32", {kDLInt, 32, 1}},        {"int64", {kDLInt, 64, 1}},         {"float64", {kDLFloat, 64, 1}},
+      {"int16", {kDLInt, 16, 1}},        {"int8", {kDLInt, 8, 1}},           {"uint8", {kDLUInt, 8, 1}},
+      {"uint16", {kDLUInt, 16, 1}},      {"uint32", {kDLUInt, 32, 1}},       {"uint64", {kDLUInt, 64, 1}},
+      {"bool", {kDLBoolCode, 8, 1}},     {"complex64", {kDLComplex, 64, 1}}, {"complex128", {kDLComplex, 128, 1}},
   };
   for (const auto& d : kDtypes) {
     PyObject* obj = PyObject_GetAttrString(torch, d.name);
@@ -110,6 +178,8 @@ void try_init_torch() {
     g_torch.dtype_dl[g_torch.n_dtypes] = d.dt;
     ++g_torch.n_dtypes;
   }
+  g_torch.is_grad_enabled = PyObject_GetAttrString(torch, "is_grad_enabled");
+  PyErr_Clear();
   if (PyObject* c = PyObject_GetAttrString(torch, "_C")) {
     g_torch.raw_stream = PyObject_GetAttrString(c, "_cuda_getCurrentRawStream");
     Py_DECREF(c);
@@ -126,21 +196,164 @@ void try_init_torch() {
   g_torch.ready = true;
 }
 
-nb::object steal_or_throw(PyObject* o) {
-  if (o == nullptr) throw nb::python_error();
-  return nb::steal(o);
+bool is_torch_tensor(PyObject* o) { return g_torch.ready && PyObject_TypeCheck(o, g_torch.tensor_type); }
+
+#if !defined(GDN_TORCH_ABI)  // gdn._C_torch reads these from the C++ tensor (torch_abi.cpp)
+std::string requires_grad_message(const char* name) {
+  return std::string(name) + " requires grad, but gdn is inference-only (it has no backward): call it under "
+         "torch.no_grad() or torch.inference_mode(), or pass " + name + ".detach()";
+}
+#endif
+
+[[noreturn]] void throw_unsupported_torch_dtype(PyObject* o, const char* name) {
+  PyObject* dt = PyObject_GetAttr(o, s_dtype);
+  const std::string dname = dt ? to_string(dt, false) : "an unknown dtype";
+  Py_XDECREF(dt);
+  PyErr_Clear();
+  throw_value_error(std::string(name) + " dtype " + dname +
+                    " is not supported by gdn (it takes bfloat16, float16 or float32 data and int32 or int64 "
+                    "indices)");
 }
 
-// str(o) or repr(o) for error messages.
-std::string to_string(PyObject* o, bool repr) {
-  nb::object s = steal_or_throw(repr ? PyObject_Repr(o) : PyObject_Str(o));
-  const char* c = PyUnicode_AsUTF8(s.ptr());
-  if (c == nullptr) throw nb::python_error();
-  return c;
+// ---------------------------------------------------------------------------------------
+// Scalars
+// ---------------------------------------------------------------------------------------
+
+bool truthy(PyObject* o) {
+  const int r = PyObject_IsTrue(o);
+  if (r < 0) throw nb::python_error();
+  return r != 0;
 }
 
-[[noreturn]] void throw_value_error(const std::string& msg) { throw nb::value_error(msg.c_str()); }
+// numpy's scalar types, recognised by name so that gdn never imports numpy.
+bool is_numpy_scalar(PyObject* o) {
+  const char* n = Py_TYPE(o)->tp_name;
+  return std::strncmp(n, "numpy.", 6) == 0 && std::strcmp(n, "numpy.ndarray") != 0;
+}
+bool is_numpy_bool(PyObject* o) {
+  const char* n = Py_TYPE(o)->tp_name;
+  return std::strcmp(n, "numpy.bool") == 0 || std::strcmp(n, "numpy.bool_") == 0;
+}
 
+// A flag is a bool (or numpy.bool_): None, 0/1 and strings such as "false" are refused
+// rather than read by truthiness, which would make "no" mean yes.
+bool parse_flag(PyObject* o, const char* name) {
+  if (o == Py_True) return true;
+  if (o == Py_False) return false;
+  if (is_numpy_bool(o)) return truthy(o);
+  throw_type_error(std::string(name) + " must be a bool (True or False), got " + describe(o));
+}
+
+PyObject* numbers_real() {
+  static PyObject* real = [] {
+    PyObject* numbers = PyImport_ImportModule("numbers");
+    PyObject* r = numbers ? PyObject_GetAttrString(numbers, "Real") : nullptr;
+    Py_XDECREF(numbers);
+    PyErr_Clear();
+    return r;  // kept for the life of the process
+  }();
+  return real;
+}
+
+// A real number (float, int, or a numpy/other numbers.Real scalar; not a bool), finite and
+// representable as float32. None returns nullopt (the caller's default).
+std::optional<float> parse_real(PyObject* o, const char* name) {
+  if (o == Py_None) return std::nullopt;
+  double x;
+  if (PyFloat_CheckExact(o)) {
+    x = PyFloat_AS_DOUBLE(o);
+  } else {
+    PyObject* real = numbers_real();
+    const bool is_real =
+        !PyBool_Check(o) && !is_numpy_bool(o) && !is_torch_tensor(o) &&
+        (PyFloat_Check(o) || PyLong_Check(o) || (real != nullptr && PyObject_IsInstance(o, real) == 1));
+    PyErr_Clear();
+    if (!is_real) throw_type_error(std::string(name) + " must be a real number (float or int), got " + describe(o));
+    x = PyFloat_AsDouble(o);
+    if (x == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      throw_value_error(std::string(name) + " must be a finite float32 value, got " + describe(o));
+    }
+  }
+  if (!std::isfinite(x) || std::fabs(x) > static_cast<double>(FLT_MAX))
+    throw_value_error(std::string(name) + " must be a finite float32 value, got " + to_string(o, true));
+  return static_cast<float>(x);
+}
+
+gdn::StateLayout parse_layout(PyObject* o) {
+  if (PyUnicode_Check(o)) {
+    if (PyUnicode_CompareWithASCIIString(o, "VK") == 0) return gdn::StateLayout::kVK;
+    if (PyUnicode_CompareWithASCIIString(o, "KV") == 0) return gdn::StateLayout::kKV;
+    throw_value_error("layout must be 'VK' ([P, HV, V, K], K contiguous) or 'KV' ([P, HV, K, V], V contiguous), got " +
+                      to_string(o, true));
+  }
+  if (o == Py_None)
+    throw_type_error(
+        "layout is required (it has no default: the two layouts have the same shape when K == V): "
+        "'VK' = [P, HV, V, K], K contiguous (FlashInfer pretranspose, FLA state_v_first), or "
+        "'KV' = [P, HV, K, V], V contiguous (FLA, HF transformers, vLLM)");
+  throw_type_error("layout must be a str, 'VK' or 'KV', got " + describe(o));
+}
+
+// An int handle (a cudaStream_t as an integer), or a framework stream object: torch's has
+// .cuda_stream, cupy's .ptr. nullopt when None (the default stream rule applies).
+std::optional<void*> parse_stream(PyObject* o) {
+  if (o == Py_None) return std::nullopt;
+  PyObject* handle = o;
+  nb::object attr;
+  if (!PyLong_CheckExact(o)) {
+    if (PyBool_Check(o) || is_numpy_bool(o))
+      throw_type_error("stream must be an int handle or a stream object, got " + describe(o));
+    const bool int_like = PyLong_Check(o) || (is_numpy_scalar(o) && PyIndex_Check(o));
+    if (!int_like) {
+      const char* via = nullptr;
+      for (PyObject* name : {s_cuda_stream, s_ptr}) {
+        PyObject* h = PyObject_GetAttr(o, name);
+        if (h != nullptr) {
+          attr = nb::steal(h);
+          via = name == s_cuda_stream ? "stream.cuda_stream" : "stream.ptr";
+          break;
+        }
+        PyErr_Clear();
+      }
+      if (!attr.is_valid())
+        throw_type_error("stream must be an int handle (a cudaStream_t), a torch.cuda.Stream (.cuda_stream) or a "
+                         "cupy stream (.ptr), or None; got " + describe(o));
+      if (!PyLong_Check(attr.ptr()) || PyBool_Check(attr.ptr()))
+        throw_type_error(std::string(via) + " must be an int handle, got " + describe(attr.ptr()));
+      handle = attr.ptr();
+    }
+  }
+  PyObject* idx = PyNumber_Index(handle);
+  if (idx == nullptr) {
+    PyErr_Clear();
+    throw_type_error("stream must be an int handle (a cudaStream_t), got " + describe(handle));
+  }
+  nb::object index = nb::steal(idx);
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+  if (overflow != 0 || v < 0)
+    throw_value_error("stream must be a cudaStream_t handle: a non-negative integer that fits a pointer, got " +
+                      to_string(handle, true));
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(v));
+}
+
+// The scalars every operation shares; the stream is returned (nullopt: none given).
+std::optional<void*> parse_step_scalars(PyObject* const* s, gdn::StepArgs& d) {
+  d.layout = parse_layout(s[kLayout]);
+  d.scale = parse_real(s[kScale], "scale");
+  d.use_qk_l2norm = parse_flag(s[kUseQkL2norm], "use_qk_l2norm");
+  d.update_state = parse_flag(s[kUpdateState], "update_state");
+  d.check_duplicate_writes = parse_flag(s[kCheckDuplicateWrites], "check_duplicate_writes");
+  return parse_stream(s[kStream]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Tensors
+// ---------------------------------------------------------------------------------------
+
+#if !defined(GDN_TORCH_ABI)
 int64_t as_int64(PyObject* o) {
   const long long v = PyLong_AsLongLong(o);
   if (v == -1 && PyErr_Occurred()) throw nb::python_error();
@@ -157,20 +370,35 @@ int fill_dims(PyObject* tup, int64_t* out, const char* name, const char* what) {
   for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_int64(PyTuple_GET_ITEM(tup, i));
   return static_cast<int>(n);
 }
+#endif
 
 // The per-call conversion state: keeps DLPack imports alive until the call returns and
 // remembers the CUDA device of torch tensors, whose current stream is the default.
+template <int N>
 struct Converter {
-  nb::ndarray<nb::ro> in[kNumTensors];
-  nb::ndarray<> out[kNumTensors];
+  nb::ndarray<nb::ro> in[N];
+  nb::ndarray<> out[N];
   int torch_cuda_device = -1;
+  int grad_enabled = -1;  // torch.is_grad_enabled(), asked at the first torch tensor
 };
 
-void torch_view(PyObject* o, int idx, gdn::TensorView& v, Converter& cv) {
-  const char* name = kArgNames[idx];
+template <class Cv>
+bool grad_enabled(Cv& cv) {
+  if (cv.grad_enabled < 0) {
+    if (g_torch.is_grad_enabled == nullptr) return true;
+    nb::object r = steal_or_throw(PyObject_CallNoArgs(g_torch.is_grad_enabled));
+    cv.grad_enabled = r.ptr() == Py_True;
+  }
+  return cv.grad_enabled != 0;
+}
+
+template <class Cv>
+void torch_view(PyObject* o, const char* name, gdn::TensorView& v, Cv& cv) {
 #if defined(GDN_TORCH_ABI)
-  char err[256];
-  if (gdn_torch_abi_view(o, name, &v, err, sizeof err) != 0) throw_value_error(err);
+  char err[320];
+  const int r = gdn_torch_abi_view(o, name, &v, err, sizeof err);
+  if (r == GDN_TORCH_ABI_UNSUPPORTED_DTYPE) throw_unsupported_torch_dtype(o, name);
+  if (r != 0) throw_value_error(err);
   if (v.device.device_type == kDLCUDA && cv.torch_cuda_device < 0) cv.torch_cuda_device = v.device.device_id;
 #else
   // Device first: data_ptr() of a meta or fake tensor is meaningless or raises.
@@ -189,15 +417,22 @@ void torch_view(PyObject* o, int idx, gdn::TensorView& v, Converter& cv) {
     v.device = DLDevice{kDLCPU, 0};
   }
 
-  nb::object ptr = steal_or_throw(PyObject_CallMethodNoArgs(o, s_data_ptr));
-  v.data = PyLong_AsVoidPtr(ptr.ptr());
-  if (v.data == nullptr && PyErr_Occurred()) throw nb::python_error();
-
   nb::object dt = steal_or_throw(PyObject_GetAttr(o, s_dtype));
   int i = 0;
   while (i < g_torch.n_dtypes && g_torch.dtype_obj[i] != dt.ptr()) ++i;
-  // An unlisted dtype gets an opaque code, which the checks report by name.
-  v.dtype = i < g_torch.n_dtypes ? g_torch.dtype_dl[i] : DLDataType{kDLOpaqueHandle, 0, 1};
+  if (i == g_torch.n_dtypes) throw_unsupported_torch_dtype(o, name);
+  v.dtype = g_torch.dtype_dl[i];
+
+  // Grad mode is asked once per call, so that serving code (no_grad, inference_mode) pays
+  // nothing per tensor for the inference-only check.
+  if (grad_enabled(cv)) {
+    nb::object rg = steal_or_throw(PyObject_GetAttr(o, s_requires_grad));
+    if (rg.ptr() == Py_True) throw_value_error(requires_grad_message(name));
+  }
+
+  nb::object ptr = steal_or_throw(PyObject_CallMethodNoArgs(o, s_data_ptr));
+  v.data = PyLong_AsVoidPtr(ptr.ptr());
+  if (v.data == nullptr && PyErr_Occurred()) throw nb::python_error();
 
   nb::object shape = steal_or_throw(PyObject_GetAttr(o, s_shape));
   nb::object strides = steal_or_throw(PyObject_CallMethodNoArgs(o, s_stride));
@@ -251,104 +486,173 @@ nb::object bfloat16_bits(PyObject* o) {
   return nb::steal(view);
 }
 
-void to_view(PyObject* o, int idx, gdn::TensorView& v, Converter& cv) {
-  if (o == Py_None) return;  // absent
-  if (g_torch.ready && PyObject_TypeCheck(o, g_torch.tensor_type)) return torch_view(o, idx, v, cv);
-  const char* name = kArgNames[idx];
-  bool ok = kWritten[idx] ? nb::try_cast(nb::handle(o), cv.out[idx], false)
-                          : nb::try_cast(nb::handle(o), cv.in[idx], false);
+// Why an object could not be imported: an array of a dtype nanobind cannot represent
+// (numpy object, datetime64, longdouble, strings) is a bad value; anything else a bad type.
+[[noreturn]] void throw_not_a_tensor(PyObject* o, const char* name, bool written) {
+  PyObject* dt = PyObject_GetAttr(o, s_dtype);
+  const bool array_like = dt != nullptr && (PyObject_CheckBuffer(o) || PyObject_HasAttr(o, s_dlpack));
+  PyErr_Clear();
+  if (array_like) {
+    const std::string dname = to_string(dt, false);
+    Py_DECREF(dt);
+    throw_value_error(std::string(name) + " dtype " + dname +
+                      " is not supported by gdn (it takes bfloat16, float16 or float32 data and int32 or int64 "
+                      "indices)");
+  }
+  Py_XDECREF(dt);
+  throw_type_error(std::string(name) + " must be a " + (written ? "writable " : "") +
+                   "tensor that supports DLPack or the buffer protocol (torch, numpy, cupy, jax, ...), got " +
+                   (o == Py_None ? std::string("None") : std::string(Py_TYPE(o)->tp_name)));
+}
+
+template <class Cv>
+void to_view(PyObject* o, int idx, const char* name, Access access, bool written, gdn::TensorView& v, Cv& cv) {
+  if (o == Py_None) return;  // absent; the checks say whether it was required
+  if (is_torch_tensor(o)) return torch_view(o, name, v, cv);
+  bool ok = written ? nb::try_cast(nb::handle(o), cv.out[idx], false) : nb::try_cast(nb::handle(o), cv.in[idx], false);
   bool bf16 = false;
   if (!ok) {
     PyErr_Clear();
     if (nb::object bits = bfloat16_bits(o); bits.is_valid()) {
-      ok = kWritten[idx] ? nb::try_cast(bits, cv.out[idx], false) : nb::try_cast(bits, cv.in[idx], false);
+      ok = written ? nb::try_cast(bits, cv.out[idx], false) : nb::try_cast(bits, cv.in[idx], false);
       bf16 = ok;
     }
   }
   if (!ok) {
     PyErr_Clear();
-    if (kWritten[idx] && nb::try_cast(nb::handle(o), cv.in[idx], false))
-      throw_value_error(std::string(name) + " is read-only, but gdn writes it in place");
+    if (written && nb::try_cast(nb::handle(o), cv.in[idx], false))
+      throw_value_error(std::string(name) + " is read-only, but gdn writes it in place" +
+                        (access == Access::kWriteIfUpdate ? " (pass update_state=False to only read it)" : ""));
     PyErr_Clear();
-    throw_value_error(std::string(name) + " must be a " + (kWritten[idx] ? "writable " : "") +
-                      "tensor that supports DLPack or the buffer protocol (torch, numpy, cupy, jax, ...), got " +
-                      Py_TYPE(o)->tp_name);
+    throw_not_a_tensor(o, name, written);
   }
-  if (kWritten[idx]) fill_from_ndarray(cv.out[idx], v, name);
+  if (written) fill_from_ndarray(cv.out[idx], v, name);
   else fill_from_ndarray(cv.in[idx], v, name);
   if (bf16) v.dtype = gdn::kBFloat16;
 }
 
-enum class Mode { kRun, kReference, kCheck };
-
-bool truthy(PyObject* o) {
-  const int r = PyObject_IsTrue(o);
-  if (r < 0) throw nb::python_error();
-  return r != 0;
+bool is_written(Access a, bool update_state) {
+  return a == Access::kWrite || (a == Access::kWriteIfUpdate && update_state);
 }
 
+// ---------------------------------------------------------------------------------------
+// The operations
+// ---------------------------------------------------------------------------------------
+
+// The tensors of the recurrence step (gdn::StepArgs), in their positional order; every
+// operation lists them after its own.
+template <class Args>
+constexpr std::array<TensorParam<Args>, 14> step_tensors() {
+  return {{
+      {"state", &Args::state, Access::kWriteIfUpdate},
+      {"o", &Args::o, Access::kWrite},
+      {"a", &Args::a, Access::kRead},
+      {"b", &Args::b, Access::kRead},
+      {"A_log", &Args::A_log, Access::kRead},
+      {"dt_bias", &Args::dt_bias, Access::kRead},
+      {"g", &Args::g, Access::kRead},
+      {"beta", &Args::beta, Access::kRead},
+      {"read_slots", &Args::read_slots, Access::kRead},
+      {"write_slots", &Args::write_slots, Access::kRead},
+      {"token_slots", &Args::token_slots, Access::kRead},
+      {"num_accepted", &Args::num_accepted, Access::kRead},
+      {"inter", &Args::inter, Access::kWrite},
+      {"error_count", &Args::error_count, Access::kWrite},
+  }};
+}
+
+template <class T, size_t N, size_t M>
+constexpr std::array<T, N + M> concat(const std::array<T, N>& x, const std::array<T, M>& y) {
+  std::array<T, N + M> r{};
+  for (size_t i = 0; i < N; ++i) r[i] = x[i];
+  for (size_t i = 0; i < M; ++i) r[N + i] = y[i];
+  return r;
+}
+
+// gdn.decode: q, k, v, then the step's tensors; no scalars of its own.
+struct DecodeOp {
+  using Args = gdn::DecodeArgs;
+  static constexpr auto kTensors = concat(std::array<TensorParam<Args>, 3>{{
+                                              {"q", &Args::q, Access::kRead},
+                                              {"k", &Args::k, Access::kRead},
+                                              {"v", &Args::v, Access::kRead},
+                                          }},
+                                          step_tensors<Args>());
+  static constexpr int kNumTensors = static_cast<int>(kTensors.size());
+  static constexpr int kNumExtraScalars = 0;
+  static void parse_extra(PyObject* const*, Args&) {}
+  static gdn::Status check(const Args& a) { return gdn::can_implement(a); }
+  static gdn::Status run(const Args& a, void* stream) { return gdn::decode(a, stream); }
+  static gdn::Status reference(const Args& a) { return gdn::reference::decode(a); }
+};
+
+// An operation is added as a traits struct like DecodeOp (its own tensors concatenated with
+// step_tensors(), its own scalars parsed in parse_extra, its C++ functions) and three
+// PyMethodDef entries below. The C++ memory checks hold up to 24 tensors of one call.
+static_assert(DecodeOp::kNumTensors <= 24);
+
+// ---------------------------------------------------------------------------------------
+// Entry points, generic over the operation
+// ---------------------------------------------------------------------------------------
+
+enum class Mode { kRun, kReference, kCheck };
+
+// torch's current stream on the tensors' device: what torch itself would launch on, and
+// the capturing stream inside torch.cuda.graph.
+void* torch_current_stream(int device) {
+  nb::object dev = steal_or_throw(PyLong_FromLong(device));
+  void* stream = nullptr;
+  if (g_torch.raw_stream != nullptr) {
+    nb::object s = steal_or_throw(PyObject_CallOneArg(g_torch.raw_stream, dev.ptr()));
+    stream = PyLong_AsVoidPtr(s.ptr());
+  } else if (g_torch.current_stream != nullptr) {
+    nb::object st = steal_or_throw(PyObject_CallOneArg(g_torch.current_stream, dev.ptr()));
+    nb::object s = steal_or_throw(PyObject_GetAttr(st.ptr(), s_cuda_stream));
+    stream = PyLong_AsVoidPtr(s.ptr());
+  }
+  if (stream == nullptr && PyErr_Occurred()) throw nb::python_error();
+  return stream;
+}
+
+template <class Op>
+constexpr int num_args() {
+  return Op::kNumTensors + kNumStepScalars + Op::kNumExtraScalars;
+}
+
+template <class Op>
 gdn::Status run(Mode mode, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != kNumArgs)
-    throw nb::type_error(("gdn._C expects " + std::to_string(kNumArgs) + " positional arguments, got " +
-                          std::to_string(nargs))
-                             .c_str());
+  if (nargs != num_args<Op>())
+    throw_type_error("gdn._C expects " + std::to_string(num_args<Op>()) + " positional arguments, got " +
+                     std::to_string(nargs));
   if (!g_torch.ready) try_init_torch();
 
-  Converter cv;
-  gdn::DecodeArgs d;
-  gdn::TensorView* views[kNumTensors] = {
-      &d.q, &d.k, &d.v, &d.state, &d.o, &d.a, &d.b, &d.A_log, &d.dt_bias, &d.g, &d.beta,
-      &d.read_slots, &d.write_slots, &d.token_slots, &d.num_accepted, &d.inter, &d.error_count};
-  for (int i = 0; i < kNumTensors; ++i) to_view(args[i], i, *views[i], cv);
+  typename Op::Args d;
+  // Scalars first: whether the state is written (update_state) decides how it is imported.
+  PyObject* const* scalars = args + Op::kNumTensors;
+  const std::optional<void*> given_stream = parse_step_scalars(scalars, d);
+  Op::parse_extra(scalars + kNumStepScalars, d);
 
-  PyObject* layout = args[kLayout];
-  if (PyUnicode_Check(layout) && PyUnicode_CompareWithASCIIString(layout, "VK") == 0) {
-    d.layout = gdn::StateLayout::kVK;
-  } else if (PyUnicode_Check(layout) && PyUnicode_CompareWithASCIIString(layout, "KV") == 0) {
-    d.layout = gdn::StateLayout::kKV;
-  } else {
-    throw_value_error("layout must be 'VK' ([P, HV, V, K], K contiguous) or 'KV' ([P, HV, K, V], V contiguous), got " +
-                      to_string(layout, true));
+  Converter<Op::kNumTensors> cv;
+  for (int i = 0; i < Op::kNumTensors; ++i) {
+    const TensorParam<typename Op::Args>& p = Op::kTensors[i];
+    to_view(args[i], i, p.name, p.access, is_written(p.access, d.update_state), d.*(p.field), cv);
   }
-  if (args[kScale] != Py_None) {
-    const double s = PyFloat_AsDouble(args[kScale]);
-    if (s == -1.0 && PyErr_Occurred()) throw nb::python_error();
-    d.scale = static_cast<float>(s);
-  }
-  d.use_qk_l2norm = truthy(args[kUseQkL2norm]);
-  d.update_state = truthy(args[kUpdateState]);
-  d.check_duplicate_writes = truthy(args[kCheckDuplicateWrites]);
 
-  if (mode == Mode::kCheck) return gdn::can_implement(d);
+  if (mode == Mode::kCheck) return Op::check(d);
   if (mode == Mode::kReference) {
     nb::gil_scoped_release nogil;
-    return gdn::reference::decode(d);
+    return Op::reference(d);
   }
-
   void* stream = nullptr;
-  if (args[kStream] != Py_None) {
-    stream = PyLong_AsVoidPtr(args[kStream]);
-    if (stream == nullptr && PyErr_Occurred()) throw nb::python_error();
-  } else if (cv.torch_cuda_device >= 0 && d.state.device.device_type == kDLCUDA) {
-    // torch's current stream on the tensors' device: what torch itself would launch on,
-    // and the capturing stream inside torch.cuda.graph.
-    nb::object dev = steal_or_throw(PyLong_FromLong(cv.torch_cuda_device));
-    if (g_torch.raw_stream != nullptr) {
-      nb::object s = steal_or_throw(PyObject_CallOneArg(g_torch.raw_stream, dev.ptr()));
-      stream = PyLong_AsVoidPtr(s.ptr());
-    } else if (g_torch.current_stream != nullptr) {
-      nb::object st = steal_or_throw(PyObject_CallOneArg(g_torch.current_stream, dev.ptr()));
-      nb::object s = steal_or_throw(PyObject_GetAttrString(st.ptr(), "cuda_stream"));
-      stream = PyLong_AsVoidPtr(s.ptr());
-    }
-    if (stream == nullptr && PyErr_Occurred()) throw nb::python_error();
-  }
+  if (given_stream.has_value()) stream = *given_stream;
+  else if (cv.torch_cuda_device >= 0 && d.state.device.device_type == kDLCUDA)
+    stream = torch_current_stream(cv.torch_cuda_device);
   if (d.state.device.device_type == kDLCPU) {
     // The CPU backend runs to completion on its own threads; let other Python threads run.
     nb::gil_scoped_release nogil;
-    return gdn::decode(d, stream);
+    return Op::run(d, stream);
   }
-  return gdn::decode(d, stream);
+  return Op::run(d, stream);
 }
 
 // Maps a failed Status to the Python exception the docs promise.
@@ -358,10 +662,10 @@ PyObject* raise_status(const gdn::Status& s) {
   return nullptr;
 }
 
-template <Mode mode>
+template <class Op, Mode mode>
 PyObject* entry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   try {
-    const gdn::Status s = run(mode, args, nargs);
+    const gdn::Status s = run<Op>(mode, args, nargs);
     if (mode == Mode::kCheck) {
       if (s.ok()) Py_RETURN_NONE;
       return Py_BuildValue("(is)", static_cast<int>(s.code()), s.message().c_str());
@@ -379,17 +683,43 @@ PyObject* entry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return nullptr;
 }
 
+// The step scalars alone (layout, scale, the flags, stream), for torch.compile's fake
+// implementation of gdn::decode: the graph is traced without data, but a bad scalar should
+// fail there with the message an eager call gives.
+PyObject* check_step_scalars(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != kNumStepScalars)
+      throw_type_error("_check_step_scalars expects " + std::to_string(kNumStepScalars) + " arguments");
+    if (!g_torch.ready) try_init_torch();
+    gdn::StepArgs d;
+    parse_step_scalars(args, d);
+    Py_RETURN_NONE;
+  } catch (nb::python_error& e) {
+    e.restore();
+  } catch (nb::builtin_exception& e) {
+    PyErr_SetString(e.type() == nb::exception_type::value_error ? PyExc_ValueError : PyExc_TypeError, e.what());
+  }
+  return nullptr;
+}
+
+template <class Op, Mode mode>
+PyCFunction fastcall() {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry<Op, mode>));
+}
+
 PyMethodDef kMethods[] = {
-    {"decode", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry<Mode::kRun>)), METH_FASTCALL,
+    {"decode", fastcall<DecodeOp, Mode::kRun>(), METH_FASTCALL,
      "decode(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots, token_slots, "
      "num_accepted, inter, error_count, layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, "
      "stream) -> None: raw binding of gdn::decode; use gdn.decode."},
-    {"reference_decode",
-     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry<Mode::kReference>)), METH_FASTCALL,
+    {"reference_decode", fastcall<DecodeOp, Mode::kReference>(), METH_FASTCALL,
      "Same arguments as decode; runs the float64 oracle (host tensors only). Use gdn.reference_decode."},
-    {"can_implement", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry<Mode::kCheck>)),
-     METH_FASTCALL,
+    {"can_implement", fastcall<DecodeOp, Mode::kCheck>(), METH_FASTCALL,
      "Same arguments as decode; returns None when the call is valid, else (status code, message)."},
+    {"_check_step_scalars", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&check_step_scalars)),
+     METH_FASTCALL,
+     "_check_step_scalars(layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, stream) -> None: "
+     "raises as decode would for a bad scalar."},
     {nullptr, nullptr, 0, nullptr}};
 
 // Testing helper: reference::compare_vectors, the one implementation of the tolerance rule
@@ -450,13 +780,17 @@ GDN_NB_MODULE(GDN_MODULE_NAME, m) {
   s_get_device = PyUnicode_InternFromString("get_device");
   s_is_cpu = PyUnicode_InternFromString("is_cpu");
   s_device = PyUnicode_InternFromString("device");
+  s_requires_grad = PyUnicode_InternFromString("requires_grad");
+  s_cuda_stream = PyUnicode_InternFromString("cuda_stream");
+  s_ptr = PyUnicode_InternFromString("ptr");
+  s_dlpack = PyUnicode_InternFromString("__dlpack__");
   if (PyModule_AddFunctions(m.ptr(), kMethods) != 0) throw nb::python_error();
   m.def("cuda_available", &gdn::cuda_available, "True when this build has the CUDA backend compiled in.");
   m.def("_agreement", &agreement, nb::arg("got"), nb::arg("want"), nb::arg("len"), nb::arg("many_steps") = false,
         "Testing helper: judges got against want (the oracle's) by docs/semantics.md section 5 as "
         "contiguous vectors of len elements; float32, float16 or uint16 (bf16 bits) host arrays. "
         "Returns a dict of the counts, 'ok' and the worst element.");
-  m.attr("NUM_ARGS") = static_cast<int>(kNumArgs);
+  m.attr("NUM_ARGS") = num_args<DecodeOp>();
 #if defined(GDN_TORCH_ABI)
   m.attr("TORCH_VERSION") = GDN_TORCH_VERSION;  // the torch whose headers this was built with
 #endif

@@ -6,6 +6,7 @@
 //
 // This translation unit sees torch's headers (and their pybind11) but not nanobind, and
 // is compiled with torch's _GLIBCXX_USE_CXX11_ABI; only C types cross into gdn_ext.cpp.
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdio>
@@ -15,6 +16,7 @@
 
 namespace {
 
+// The dtypes gdn's checks can name; keep in step with try_init_torch() in gdn_ext.cpp.
 bool dl_dtype(c10::ScalarType s, DLDataType* out) {
   switch (s) {
     case c10::ScalarType::Float: *out = {kDLFloat, 32, 1}; return true;
@@ -26,7 +28,13 @@ bool dl_dtype(c10::ScalarType s, DLDataType* out) {
     case c10::ScalarType::Short: *out = {kDLInt, 16, 1}; return true;
     case c10::ScalarType::Char: *out = {kDLInt, 8, 1}; return true;
     case c10::ScalarType::Byte: *out = {kDLUInt, 8, 1}; return true;
-    default: *out = {kDLOpaqueHandle, 0, 1}; return false;  // the checks name it as unsupported
+    case c10::ScalarType::UInt16: *out = {kDLUInt, 16, 1}; return true;
+    case c10::ScalarType::UInt32: *out = {kDLUInt, 32, 1}; return true;
+    case c10::ScalarType::UInt64: *out = {kDLUInt, 64, 1}; return true;
+    case c10::ScalarType::Bool: *out = {6 /* kDLBool in DLPack >= 0.8 */, 8, 1}; return true;
+    case c10::ScalarType::ComplexFloat: *out = {kDLComplex, 64, 1}; return true;
+    case c10::ScalarType::ComplexDouble: *out = {kDLComplex, 128, 1}; return true;
+    default: return false;
   }
 }
 
@@ -45,7 +53,16 @@ extern "C" int gdn_torch_abi_view(PyObject* obj, const char* name, gdn::TensorVi
                     d.str().c_str());
       return 1;
     }
-    dl_dtype(t.scalar_type(), &v->dtype);
+    if (!dl_dtype(t.scalar_type(), &v->dtype)) return GDN_TORCH_ABI_UNSUPPORTED_DTYPE;
+    // gdn has no backward: refuse rather than return results autograd knows nothing about.
+    // Under no_grad / inference_mode, parameters that require grad are fine.
+    if (t.requires_grad() && c10::GradMode::is_enabled()) {
+      std::snprintf(err, err_len,
+                    "%s requires grad, but gdn is inference-only (it has no backward): call it under "
+                    "torch.no_grad() or torch.inference_mode(), or pass %s.detach()",
+                    name, name);
+      return 1;
+    }
     const auto sizes = t.sizes();
     const auto strides = t.strides();
     const int64_t ndim = static_cast<int64_t>(sizes.size());

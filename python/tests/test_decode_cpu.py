@@ -70,7 +70,7 @@ def test_oracle_matches_numpy_model_without_l2norm():
     args.update(gates(rng, 2, 2, 2))
     state = pool(rng, 2, 2, 64, 64)
     want_o, want_s = numpy_decode(state=state, use_qk_l2norm=False, **args)
-    o = gdn.reference_decode(state=state, use_qk_l2norm=False, **args)
+    o = gdn.reference_decode(state=state, layout="VK", use_qk_l2norm=False, **args)
     np.testing.assert_allclose(o, want_o, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(state, want_s, rtol=1e-5, atol=1e-7)
 
@@ -123,6 +123,7 @@ def test_output_allocated_like_q():
     args = qkv(rng, 2, 1, 1, 2, 64, 64, np.float16)
     args.update(gates(rng, 2, 1, 2))
     args["state"] = pool(rng, 2, 2, 64, 64)
+    args["layout"] = "VK"
     o = gdn.decode(**args)
     assert o.shape == (2, 1, 2, 64) and o.dtype == np.float16
     assert np.isfinite(o).all()
@@ -151,8 +152,8 @@ def test_many_steps_fed_back(state_dtype):
     for step in range(256):
         args = qkv(rng, B, 1, H, HV, K, V)
         args.update(gates(rng, B, 1, HV))
-        o_got = gdn.decode(state=s_got, **args)
-        o_want = gdn.reference_decode(state=s_want, **args)
+        o_got = gdn.decode(state=s_got, layout="VK", **args)
+        o_want = gdn.reference_decode(state=s_want, layout="VK", **args)
         if state_dtype == F32:
             assert_matches(o_got, o_want, f"o at step {step}", many_steps=True)
     assert_matches(s_got, s_want, "state after 256 steps", many_steps=True)
@@ -258,6 +259,7 @@ def test_noncontiguous_pool_view():
         args["state"] = wide[:, ::2]
         args["read_slots"] = np.array([4, 0, 2], np.int64)
         args["o"] = poisoned((B, T, HV, V), np.float32)
+        args["layout"] = "VK"
         return args, {"o": args["o"], "pool": wide}
 
     got, want = run_pair(build)
@@ -279,6 +281,7 @@ def test_page_padded_pool():
         args["state"] = flat[:, : HV * V * K].reshape(P, HV, V, K)
         args["read_slots"] = np.array([3, 1], np.int32)
         args["o"] = poisoned((B, 1, HV, V), np.float32)
+        args["layout"] = "VK"
         return args, {"o": args["o"], "state": args["state"], "tail": flat[:, -256:]}
 
     got, want = run_pair(build)
@@ -375,7 +378,7 @@ def test_packed_qkv_buffer(dtype):
             assert np.shares_memory(args[name], qkv_buf), f"{name} must be a view, not a copy"
         return args, {"o": args["o"], "state": args["state"]}
 
-    got, want = run_pair(build)
+    got, want = run_pair(build, layout="VK")
     assert_all_match(got, want)
 
 
@@ -393,7 +396,7 @@ def test_strided_output_and_inputs():
         args["state"] = pool(rng, B, HV, K, V)
         return args, {"wide_o": wide_o, "state": args["state"]}
 
-    got, want = run_pair(build)
+    got, want = run_pair(build, layout="VK")
     assert_all_match(got, want)
     assert np.isnan(got["wide_o"][..., V:]).all()
 
@@ -406,6 +409,7 @@ def valid_args():
     args.update(gates(rng, 2, 1, 2))
     args["state"] = pool(rng, 2, 2, 64, 64)
     args["o"] = poisoned((2, 1, 2, 64), np.float32)
+    args["layout"] = "VK"
     return args
 
 
@@ -424,7 +428,6 @@ def valid_args():
         (lambda a: a.update(write_slots=np.zeros(2, np.int32)), "write_slots needs read_slots"),
         (lambda a: a.update(o=a["state"][:, :, :1, :].reshape(2, 1, 2, 64)), "o must not overlap state"),
         (lambda a: a.update(layout="XY"), "layout must be 'VK'"),
-        (lambda a: a.update(q=[[1.0]]), "q must be a tensor"),
         (lambda a: a.update(state=a["state"][0, 0, 0, 0, ...]), "state must have rank >= 1"),
     ],
 )
@@ -442,8 +445,190 @@ def test_errors_raise_value_error_naming_the_argument(change, message):
 def test_read_only_state_is_refused():
     args = valid_args()
     args["state"].flags.writeable = False
-    with pytest.raises(ValueError, match="state is read-only"):
+    with pytest.raises(ValueError, match="^state is read-only, but gdn writes it in place"):
         gdn.decode(**args)
+
+
+def test_read_only_pool_is_fine_without_state_update():
+    # The state is imported writable only when the call writes it.
+    build = pool_case(49, read=[3, 1, 7], T=2)
+
+    def read_only():
+        args, seen = build()
+        args["state"].flags.writeable = False
+        return args, seen
+
+    got, want = run_pair(read_only, update_state=False)
+    assert_all_match(got, want)
+    assert got["state"].tobytes() == build()[0]["state"].tobytes()
+
+
+@pytest.mark.parametrize("entry", [gdn.decode, gdn.reference_decode, gdn.can_implement], ids=lambda f: f.__name__)
+def test_layout_is_required(entry):
+    args = valid_args()
+    del args["layout"]
+    with pytest.raises(TypeError) as info:
+        entry(**args)
+    msg = str(info.value)
+    assert msg.startswith("layout is required")
+    assert "'VK' = [P, HV, V, K], K contiguous" in msg and "'KV' = [P, HV, K, V], V contiguous" in msg
+    assert np.isnan(args["o"]).all()
+
+
+@pytest.mark.parametrize("layout,error", [("vk", ValueError), ("", ValueError), (0, TypeError), (b"VK", TypeError)])
+def test_bad_layout(layout, error):
+    with pytest.raises(error, match="^layout must be"):
+        gdn.decode(**{**valid_args(), "layout": layout})
+
+
+FLAGS = ["use_qk_l2norm", "update_state", "check_duplicate_writes"]
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+@pytest.mark.parametrize("value", [None, 0, 1, "no", "false", "True", 1.0, np.int64(1)], ids=repr)
+def test_flags_must_be_bools(flag, value):
+    args = valid_args()
+    state = args["state"].copy()
+    for entry in (gdn.decode, gdn.reference_decode, gdn.can_implement):
+        with pytest.raises(TypeError, match=f"^{flag} must be a bool \\(True or False\\), got "):
+            entry(**args, **{flag: value})
+    assert np.isnan(args["o"]).all() and args["state"].tobytes() == state.tobytes()
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_numpy_bool_flags_are_read_as_bools(flag):
+    for value in (np.True_, np.False_):
+        got, want = run_pair(pool_case(71, read=[2, 0], write=[3, 1]), **{flag: value})
+        got_py, _ = run_pair(pool_case(71, read=[2, 0], write=[3, 1]), **{flag: bool(value)})
+        assert_all_match(got, want)
+        for name in got:
+            assert got[name].tobytes() == got_py[name].tobytes(), f"{flag}={value!r}: {name}"
+
+
+class TorchLikeStream:
+    cuda_stream = 0
+
+
+class CupyLikeStream:
+    ptr = 0
+
+
+@pytest.mark.parametrize("stream", [0, np.int64(0), TorchLikeStream(), CupyLikeStream()], ids=repr)
+def test_stream_forms_accepted(stream):
+    for entry in (gdn.decode, gdn.reference_decode):
+        args = valid_args()
+        entry(**args, stream=stream)
+        assert np.isfinite(args["o"]).all()
+
+
+@pytest.mark.parametrize(
+    "stream,error,message",
+    [
+        (1.5, TypeError, "^stream must be an int handle .* got float"),
+        ("0", TypeError, "^stream must be an int handle .* got str"),
+        (True, TypeError, "^stream must be an int handle or a stream object, got bool"),
+        (object(), TypeError, "^stream must be an int handle"),
+        (-1, ValueError, "^stream must be a cudaStream_t handle: a non-negative integer"),
+        (2 ** 80, ValueError, "^stream must be a cudaStream_t handle"),
+        (type("S", (), {"cuda_stream": 1.5})(), TypeError, "^stream.cuda_stream must be an int handle, got float"),
+        (type("S", (), {"ptr": None})(), TypeError, "^stream.ptr must be an int handle, got None"),
+    ],
+    ids=repr,
+)
+def test_bad_stream(stream, error, message):
+    for entry in (gdn.decode, gdn.reference_decode, gdn.can_implement):
+        args = valid_args()
+        with pytest.raises(error, match=message):
+            entry(**args, stream=stream)
+        assert np.isnan(args["o"]).all()
+
+
+@pytest.mark.parametrize("scale", [0.125, 2, np.float32(0.3), np.float64(0.07), np.int32(1)], ids=repr)
+def test_scale_forms(scale):
+    got, want = run_pair(dense_case(72, T=2), scale=float(scale))
+    got2, _ = run_pair(dense_case(72, T=2), scale=scale)
+    assert_all_match(got2, want)
+    assert got2["o"].tobytes() == got["o"].tobytes()
+
+
+@pytest.mark.parametrize(
+    "scale,error,message",
+    [
+        ("0.1", TypeError, "^scale must be a real number \\(float or int\\), got str"),
+        (True, TypeError, "^scale must be a real number .* got bool"),
+        (np.True_, TypeError, "^scale must be a real number .* got numpy.bool"),
+        (1j, TypeError, "^scale must be a real number .* got complex"),
+        ([0.1], TypeError, "^scale must be a real number .* got list"),
+        (float("nan"), ValueError, "^scale must be a finite float32 value, got nan"),
+        (float("inf"), ValueError, "^scale must be a finite float32 value, got inf"),
+        (1e300, ValueError, "^scale must be a finite float32 value, got 1e\\+300"),
+        (10 ** 400, ValueError, "^scale must be a finite float32 value"),
+    ],
+    ids=repr,
+)
+def test_bad_scale(scale, error, message):
+    for entry in (gdn.decode, gdn.reference_decode, gdn.can_implement):
+        args = valid_args()
+        with pytest.raises(error, match=message):
+            entry(**args, scale=scale)
+        assert np.isnan(args["o"]).all()
+
+
+@pytest.mark.parametrize(
+    "o_dtype,error,message",
+    [
+        ("floaty", ValueError, "^o_dtype 'floaty' is not a dtype name numpy knows"),
+        ("float64", ValueError, "^o_dtype must be bfloat16, float16 or float32, got float64"),
+        (np.int32, ValueError, "^o_dtype must be bfloat16, float16 or float32, got int32"),
+        (3, TypeError, "^o_dtype must be a dtype or a dtype name"),
+    ],
+    ids=repr,
+)
+def test_bad_o_dtype(o_dtype, error, message):
+    args = valid_args()
+    del args["o"]
+    with pytest.raises(error, match=message):
+        gdn.decode(**args, o_dtype=o_dtype)
+
+
+@pytest.mark.parametrize(
+    "dtype,name",
+    [(np.float64, "float64"), (np.complex64, "complex64"), (np.bool_, "bool"), (np.uint16, "uint16"),
+     (object, "object"), ("datetime64[s]", "datetime64[s]"), (np.longdouble, str(np.dtype(np.longdouble))),
+     ("U3", "<U3")],
+    ids=str,
+)
+def test_unsupported_dtypes_are_named(dtype, name):
+    args = valid_args()
+    args["q"] = np.zeros(args["q"].shape, dtype=dtype)
+    with pytest.raises(ValueError) as info:
+        gdn.decode(**args)
+    msg = str(info.value)
+    assert msg.startswith("q dtype") and name in msg and "code" not in msg, msg
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "state", "o", "a", "A_log", "read_slots", "inter", "error_count"])
+@pytest.mark.parametrize("value", [[[1.0]], "q", 1.5, object()], ids=lambda v: type(v).__name__)
+def test_non_tensors_raise_type_error_naming_the_argument(name, value):
+    args = valid_args()
+    with pytest.raises(TypeError, match=f"^{name} must be a (writable )?tensor that supports DLPack"):
+        gdn.decode(**{**args, name: value})
+
+
+@pytest.mark.parametrize("name", ["q", "v"])
+def test_missing_q_or_v_with_o_allocated(name):
+    args = valid_args()
+    del args["o"]
+    with pytest.raises(TypeError, match=f"^{name} must be a tensor .* got None"):
+        gdn.decode(**{**args, name: None})
+    with pytest.raises(ValueError, match=f"^{name} must have rank 4"):
+        gdn.decode(**{**args, name: args[name][0]})
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "state", "a", "b", "A_log", "dt_bias"])
+def test_missing_required_tensor_is_named(name):
+    with pytest.raises(ValueError, match=f"^{name} is required"):
+        gdn.decode(**{**valid_args(), name: None})
 
 
 def test_read_only_inputs_are_fine():
@@ -481,3 +666,76 @@ def test_stream_argument_accepted_on_cpu():
 
 def test_cuda_available_is_bool():
     assert isinstance(gdn.cuda_available(), bool)
+
+
+# --- every public entry point, every argument, malformed values ----------------------------
+
+def _malformed():
+    read_only = np.zeros((2, 2, 64, 64), np.float32)
+    read_only.flags.writeable = False
+    return [None, 0, 1, -1, 1.5, float("nan"), "x", "VK", b"x", True, np.True_, [1.0], (1,), {}, object(),
+            np.float64(1), np.int64(3), 2 ** 70, np.zeros(3), np.zeros(()), np.zeros((0,)),
+            np.zeros((2, 1, 1, 64), np.float64), np.zeros((2, 1, 1, 64), np.complex64),
+            np.zeros((2, 1, 1, 64), object), np.zeros((2, 2, 2, 64, 64, 1), np.float32), read_only,
+            np.zeros((2, 2), np.int64), np.full(2, -5, np.int32), np.full(2, 99, np.int64)]
+
+
+def _entry_points():
+    """(function, valid keyword arguments) for every public entry point."""
+    from gdn import fla
+    from gdn import flashinfer as fi
+
+    def base():
+        rng = np.random.default_rng(80)
+        x = qkv(rng, 2, 1, 1, 2, 64, 64)
+        x.update(gates(rng, 2, 1, 2))
+        return x, rng
+
+    def decode_args():
+        x, rng = base()
+        return dict(x, state=pool(rng, 4, 2, 64, 64), read_slots=np.array([0, 1], np.int32), layout="VK")
+
+    def fi_pre():
+        x, rng = base()
+        return dict(x, state=pool(rng, 2, 2, 64, 64))
+
+    def fi_mtp():
+        x, rng = base()
+        return dict(x, initial_state=pool(rng, 4, 2, 64, 64), initial_state_indices=np.array([0, 1], np.int32))
+
+    def fla_args():
+        x, rng = base()
+        g = gates(rng, 2, 1, 2, "precomputed")
+        return dict(q=x["q"], k=x["k"], v=x["v"], initial_state=pool(rng, 2, 2, 64, 64, "KV"), **g)
+
+    def vllm_args():
+        args = fla_args()
+        args["ssm_state_indices"] = np.array([1, 0], np.int32)
+        return args
+
+    return [(gdn.decode, decode_args), (gdn.reference_decode, decode_args), (gdn.can_implement, decode_args),
+            (fi.gated_delta_rule_decode_pretranspose, fi_pre), (fi.gated_delta_rule_decode, fi_pre),
+            (fi.gated_delta_rule_mtp, fi_mtp), (fla.fused_recurrent_gated_delta_rule, fla_args),
+            (fla.fused_recurrent_gated_delta_rule_vllm, vllm_args)]
+
+
+SCALARS = {"layout", "scale", "use_qk_l2norm", "update_state", "check_duplicate_writes", "o_dtype", "stream",
+           "disable_state_update", "output_final_state", "inplace_final_state", "use_qk_l2norm_in_kernel"}
+
+
+@pytest.mark.parametrize("entry,valid", _entry_points(), ids=lambda x: getattr(x, "__name__", ""))
+def test_malformed_arguments_raise_type_or_value_error(entry, valid):
+    # Every parameter of every entry point, set to each malformed value in turn: the call
+    # succeeds or raises TypeError / ValueError (never AttributeError, IndexError, ... or a
+    # crash); a scalar's error names it.
+    import inspect
+
+    for name in inspect.signature(entry).parameters:
+        for value in _malformed():
+            args = valid()
+            args[name] = value
+            try:
+                entry(**args)
+            except (TypeError, ValueError) as e:
+                if name in SCALARS:
+                    assert name in str(e), f"{entry.__name__}({name}={value!r}): {e}"

@@ -162,3 +162,74 @@ def test_mtp_ssm_state_indices():
     with pytest.raises(ValueError, match="disable_state_update must be False"):
         fi.gated_delta_rule_mtp(**fi_args(x), initial_state=initial_state, initial_state_indices=idx,
                                 ssm_state_indices=ssm)
+
+
+def test_intermediate_states_buffer_errors():
+    T = 2
+    x, rng = inputs(10, T)
+    pool_ = pool(rng, 6, HV, K, V, "VK")
+    idx = np.array([0, 1, 2], np.int32)
+    kw = dict(initial_state=pool_, initial_state_indices=idx, disable_state_update=False)
+    for f in (lambda buf: fi.gated_delta_rule_decode_pretranspose(state=None, intermediate_states_buffer=buf,
+                                                                  **kw, **fi_args(x)),
+              lambda buf: fi.gated_delta_rule_mtp(x["q"], x["k"], x["v"], pool_, idx, x["A_log"], x["a"],
+                                                  x["dt_bias"], x["b"], intermediate_states_buffer=buf,
+                                                  disable_state_update=False)):
+        before = pool_.copy()
+        with pytest.raises(TypeError, match="^intermediate_states_buffer must be a tensor .* got list"):
+            f([[0.0]])
+        with pytest.raises(ValueError, match=r"^intermediate_states_buffer must have rank 5 .* got shape \(3, 2, 2, 64\)"):
+            f(poisoned((B, T, HV, V), np.float32))
+        with pytest.raises(ValueError, match=r"^intermediate_states_buffer must be at least \[B=3, T=2, \.\.\.\]"):
+            f(poisoned((B - 1, T, HV, V, K), np.float32))
+        with pytest.raises(ValueError, match=r"^intermediate_states_buffer must be at least"):
+            f(poisoned((B, T - 1, HV, V, K), np.float32))
+        with pytest.raises(ValueError, match=r"^intermediate_states_buffer\.shape\[4\] must be K = 64"):
+            f(poisoned((B, T, HV, V, 2 * K), np.float32))
+        with pytest.raises(ValueError, match="^intermediate_states_buffer dtype must match the initial_state dtype"):
+            f(poisoned((B, T, HV, V, K), np.float16))
+        assert pool_.tobytes() == before.tobytes()
+
+
+def test_missing_tensors_and_flags_are_named():
+    x, rng = inputs(11)
+    state = pool(rng, B, HV, K, V, "VK")
+    pool_ = pool(rng, 6, HV, K, V, "VK")
+    idx = np.array([0, 1, 2], np.int32)
+    with pytest.raises(TypeError, match="^q must be a tensor .* got None"):
+        fi.gated_delta_rule_decode_pretranspose(**{**fi_args(x), "q": None}, state=state,
+                                                intermediate_states_buffer=poisoned((B, 1, HV, V, K), np.float32))
+    with pytest.raises(TypeError, match="^q must be a tensor .* got None"):
+        fi.gated_delta_rule_mtp(**{**fi_args(x), "q": None}, initial_state=pool_, initial_state_indices=idx)
+    with pytest.raises(TypeError, match="^v must be a tensor .* got None"):  # o is allocated from q and v
+        fi.gated_delta_rule_decode(**{**fi_args(x), "v": None}, state=state)
+    for name in ("k", "A_log", "a", "dt_bias", "b"):
+        with pytest.raises(ValueError, match=f"^{name} is required"):
+            fi.gated_delta_rule_decode_pretranspose(**{**fi_args(x), name: None}, state=state)
+        with pytest.raises(ValueError, match=f"^{name} is required"):
+            fi.gated_delta_rule_decode(**{**fi_args(x), name: None}, state=state)
+    with pytest.raises(TypeError, match="^disable_state_update must be a bool .* got str"):
+        fi.gated_delta_rule_decode_pretranspose(state=state, disable_state_update="no", **fi_args(x))
+    with pytest.raises(TypeError, match="^disable_state_update must be a bool .* got int"):
+        fi.gated_delta_rule_mtp(**fi_args(x), initial_state=pool_, initial_state_indices=idx, disable_state_update=0)
+    with pytest.raises(TypeError, match="^use_qk_l2norm must be a bool"):
+        fi.gated_delta_rule_decode(state=state, use_qk_l2norm=None, **fi_args(x))
+    with pytest.raises(TypeError, match="^scale must be a real number"):
+        fi.gated_delta_rule_decode(state=state, scale="1", **fi_args(x))
+
+
+def test_messages_use_flashinfer_names():
+    x, rng = inputs(12)
+    pool_ = pool(rng, 6, HV, K, V, "VK")
+    idx = np.array([0, 1, 2], np.int32)
+    with pytest.raises(ValueError, match="^initial_state_indices dtype must be int32 or int64, got float32"):
+        fi.gated_delta_rule_decode_pretranspose(state=None, initial_state=pool_,
+                                                initial_state_indices=idx.astype(np.float32), **fi_args(x))
+    with pytest.raises(ValueError, match=r"^initial_state\.shape\[3\] must be K = 64"):
+        fi.gated_delta_rule_mtp(**fi_args(x), initial_state=pool_[..., :32], initial_state_indices=idx)
+    with pytest.raises(ValueError, match=r"^output\.shape\[2\] must be HV = 2"):
+        fi.gated_delta_rule_decode(state=pool(rng, B, HV, K, V, "KV"), output=poisoned((B, 1, 1, V), np.float16),
+                                   **fi_args(x))
+    with pytest.raises(ValueError, match="^output_state_indices dtype must be int32 or int64"):
+        fi.gated_delta_rule_mtp(**fi_args(x), initial_state=pool_, initial_state_indices=idx,
+                                output_state_indices=idx.astype(np.float64), disable_state_update=False)

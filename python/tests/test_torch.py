@@ -121,7 +121,7 @@ def test_pool_padding_split_and_bad_slots(device, state_dtype):
     def build(dev):
         d = Draw(120, dev)
         args = d.inputs(B, T, H, HV, K, V)
-        args.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16))
+        args.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16), layout="VK")
         args["read_slots"] = torch.tensor([3, -1, 0, 9, 16, 5], dtype=torch.int32, device=dev)
         args["write_slots"] = torch.tensor([4, 7, 0, -1, 1, 6], dtype=torch.int64, device=dev)
         args["error_count"] = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -140,7 +140,7 @@ def test_token_slots_num_accepted_and_cache(device, state_dtype):
     def build(dev):
         d = Draw(130, dev)
         args = d.inputs(B, T, H, HV, K, V)
-        args.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16))
+        args.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16), layout="VK")
         args["token_slots"] = (1 + torch.arange(B * T, dtype=torch.int32)).reshape(B, T).to(dev)
         args["num_accepted"] = torch.tensor([1, 4, 2], dtype=torch.int32, device=dev)
         args["inter"] = d.nan((B, T, HV, V, K), state_dtype)
@@ -165,7 +165,7 @@ def test_pool_every_other_head(device):
         d = Draw(150, dev)
         args = d.inputs(B, T, H, HV, K, V)
         wide = d.pool(P, 2 * HV, K, V)
-        args.update(state=wide[:, ::2], o=d.nan((B, T, HV, V), BF16))
+        args.update(state=wide[:, ::2], o=d.nan((B, T, HV, V), BF16), layout="VK")
         args["read_slots"] = torch.tensor([5, 0, 2], dtype=torch.int64, device=dev)
         return args, {"o": args["o"], "wide": wide}
 
@@ -185,7 +185,7 @@ def test_packed_qkv(device):
             q=qkv[..., : H * K].view(B, T, H, K), k=qkv[..., H * K: 2 * H * K].view(B, T, H, K),
             v=qkv[..., 2 * H * K:].view(B, T, HV, V), a=ab[..., :HV], b=ab[..., HV:],
             A_log=d.uniform((HV,), 1.0, 16.0).log(), dt_bias=d.normal((HV,), F32, 0.1),
-            state=d.pool(B, HV, K, V), o=d.nan((B, T, HV, V), BF16))
+            state=d.pool(B, HV, K, V), o=d.nan((B, T, HV, V), BF16), layout="VK")
         assert args["q"].data_ptr() == qkv.data_ptr() and not args["k"].is_contiguous()
         return args, {"o": args["o"], "state": args["state"]}
 
@@ -211,6 +211,106 @@ def test_errors_name_the_argument():
         gdn.decode(**{**args, "q": args["q"].to("meta")})
     with pytest.raises(ValueError, match="q dtype must be"):
         gdn.decode(**{**args, "q": args["q"].double(), "k": args["k"].double(), "v": args["v"].double()})
+
+
+def bindings():
+    """gdn._C, and gdn._C_torch where it was built for this torch (both must behave alike)."""
+    import gdn._torch as gt
+
+    found = [pytest.param(gdn._C.decode, id="gdn._C")]
+    native = gt.native.decode if gt.native is not None else None
+    found.append(pytest.param(native, id="gdn._C_torch", marks=pytest.mark.skipif(
+        native is None, reason="gdn._C_torch was not built for this torch (build gdn with --no-build-isolation "
+                               "where torch is installed)")))
+    return found
+
+
+@pytest.fixture(params=bindings())
+def binding(request, monkeypatch):
+    monkeypatch.setattr(gdn, "_run", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.bool, torch.uint16, torch.float8_e4m3fn, torch.float64],
+                         ids=str)
+def test_unsupported_torch_dtypes_are_named(binding, dtype):
+    args, _ = dense(183, B=2)("cpu")
+    with pytest.raises(ValueError) as info:
+        gdn.decode(**{**args, "q": args["q"].to(dtype)})
+    msg = str(info.value)
+    name = str(dtype).removeprefix("torch.")
+    assert msg.startswith("q dtype") and name in msg and "code" not in msg and "opaque" not in msg, msg
+
+
+@pytest.mark.parametrize("name", ["q", "v", "A_log", "dt_bias", "state", "o"])
+def test_requires_grad_refused_in_grad_mode(binding, name):
+    args, got = dense(184, B=2, dtype=F32)("cpu")
+    args[name] = args[name].detach().requires_grad_()
+    before = {n: t.detach().clone() for n, t in got.items()}
+    with pytest.raises(ValueError, match=f"^{name} requires grad, but gdn is inference-only .*torch.no_grad\\(\\)"):
+        gdn.decode(**args)
+    for n in got:
+        assert torch.equal(got[n].detach().nan_to_num(7.0), before[n].nan_to_num(7.0)), f"{n} written on error"
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_parameters_accepted_without_grad_mode(binding, mode):
+    # Models hold A_log and dt_bias as nn.Parameters and call gdn under no_grad / inference_mode.
+    build = dense(185, B=3, T=2, dtype=F32)
+    args, got = build("cpu")
+    args["A_log"] = torch.nn.Parameter(args["A_log"])
+    args["dt_bias"] = torch.nn.Parameter(args["dt_bias"])
+    with mode():
+        gdn.decode(**args)
+    ref_args, want = build("cpu")
+    gdn.reference_decode(**ref_args)
+    for n in want:
+        assert_close(got[n], want[n], n)
+
+
+def test_custom_op_refuses_requires_grad():
+    args, _ = dense(186, B=2, dtype=F32)("cpu")
+    a_log = torch.nn.Parameter(args.pop("A_log"))
+    call = dict(args, A_log=a_log)
+    q, k, v, state, o = (call.pop(n) for n in ("q", "k", "v", "state", "o"))
+    with pytest.raises(ValueError, match="^A_log requires grad, but gdn is inference-only"):
+        torch.ops.gdn.decode(q, k, v, state, o, **call)
+    q.requires_grad_()
+    with pytest.raises(ValueError, match="^q requires grad, but gdn is inference-only"):
+        torch.ops.gdn.decode(q, k, v, state, o, **call)
+    with torch.no_grad():
+        torch.ops.gdn.decode(q, k, v, state, o, **call)
+    assert torch.isfinite(o).all()
+
+
+def test_compile_refuses_requires_grad():
+    # Under torch.compile the op's Autograd kernel refuses while the graph is traced; torch
+    # reports it as its own error type, carrying gdn's message.
+    torch._dynamo.reset()
+    args, _ = dense(187, B=2, dtype=F32)("cpu")
+    args["A_log"] = torch.nn.Parameter(args["A_log"])
+
+    def f(args):
+        return gdn.decode(**args) + 1
+
+    with pytest.raises(Exception, match="A_log requires grad, but gdn is inference-only"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(args)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(f, fullgraph=True, backend="aot_eager")(args)
+    assert torch.isfinite(out).all()
+
+
+def test_compile_names_a_missing_layout():
+    torch._dynamo.reset()
+    args, _ = dense(188, B=2, dtype=F32)("cpu")
+    del args["layout"]
+
+    def f(args):
+        return gdn.decode(**args) + 1
+
+    with torch.no_grad(), pytest.raises(Exception, match="layout is required"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(args)
 
 
 @needs_cuda
@@ -240,21 +340,64 @@ def test_side_stream():
     assert_close(got["state"], want["state"], "state")
 
 
+@needs_cuda
+def test_explicit_stream_object():
+    # stream=torch.cuda.Stream: read through .cuda_stream; the call is ordered after work
+    # queued on that stream, as with torch's current stream.
+    build = dense(189, B=4, T=2)
+    args, got = build("cuda")
+    fresh = args["state"].clone()
+    args["state"].zero_()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        args["state"].copy_(fresh)
+    gdn.decode(**args, stream=s)
+    s.synchronize()
+    ref_args, want = build("cpu")
+    gdn.reference_decode(**ref_args)
+    assert_close(got["o"], want["o"], "o")
+    assert_close(got["state"], want["state"], "state")
+
+
 # --- the custom op and torch.compile --------------------------------------------------------------
 
 def test_custom_op_registered():
     schema = torch.ops.gdn.decode.default._schema
     written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     assert written == {"state", "o", "inter", "error_count"}
+    positional = [a.name for a in schema.arguments if not a.kwarg_only]
+    assert positional == ["q", "k", "v", "state", "o"]
+    kwargs = {a.name: a for a in schema.arguments if a.kwarg_only}
+    assert not kwargs["layout"].has_default_value(), "layout is required: no default"
+    assert all(a.has_default_value() for n, a in kwargs.items() if n != "layout")
+    defaults = {n: a.default_value for n, a in kwargs.items() if n != "layout"}
+    assert defaults["use_qk_l2norm"] is True and defaults["update_state"] is True
+    assert defaults["check_duplicate_writes"] is False and defaults["scale"] is None and defaults["a"] is None
+    assert str(schema).startswith("gdn::decode(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor(b!) o, *, ")
+
+
+def test_custom_op_called_with_defaults():
+    # Only the arguments a call needs, by name: the schema's defaults fill the rest.
+    build = dense(191, B=2, T=2, K=64, V=64)
+    args, got = build("cpu")
+    ref_args, want = build("cpu")
+    torch.ops.gdn.decode(args["q"], args["k"], args["v"], args["state"], args["o"], a=args["a"], b=args["b"],
+                         A_log=args["A_log"], dt_bias=args["dt_bias"], layout="VK")
+    gdn.reference_decode(**ref_args)
+    for name in want:
+        assert_close(got[name], want[name], name)
 
 
 def test_custom_op_opcheck():
     args, _ = dense(190, B=2, T=2, K=64, V=64)("cpu")
     names = ["q", "k", "v", "state", "o", "a", "b", "A_log", "dt_bias", "g", "beta", "read_slots",
              "write_slots", "token_slots", "num_accepted", "inter", "error_count"]
-    tensors = [args.get(n) for n in names]
-    torch.library.opcheck(torch.ops.gdn.decode.default, (*tensors, "VK", None, True, True, False),
-                          test_utils=("test_schema", "test_faketensor"))
+    positional = [args[n] for n in names[:5]]
+    keyword = {n: args.get(n) for n in names[5:]}
+    torch.library.opcheck(torch.ops.gdn.decode.default, tuple(positional), dict(keyword, layout="VK"),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration",
+                                      "test_aot_dispatch_dynamic"))
 
 
 class Layer(torch.nn.Module):
@@ -274,7 +417,7 @@ class Layer(torch.nn.Module):
         k = qkv[..., H * K: 2 * H * K].view(B, T, H, K)
         v = qkv[..., 2 * H * K:].view(B, T, HV, V)
         o = gdn.decode(q, k, v, pool, a=ab[..., :HV], b=ab[..., HV:], A_log=self.A_log,
-                       dt_bias=self.dt_bias, read_slots=slots, inter=inter)
+                       dt_bias=self.dt_bias, read_slots=slots, inter=inter, layout="VK")
         return (o.float() * 2).flatten(2)
 
 
@@ -340,7 +483,7 @@ def test_cuda_graph_replay_with_new_inputs(T, state_dtype):
     B, H, HV, K, V, P = 4, 2, 4, 128, 128, 12
     d = Draw(230, "cuda")
     static = d.inputs(B, T, H, HV, K, V)
-    static.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16))
+    static.update(state=d.pool(P, HV, K, V, "VK", state_dtype), o=d.nan((B, T, HV, V), BF16), layout="VK")
     static["read_slots"] = torch.zeros(B, dtype=torch.int32, device="cuda")
     static["write_slots"] = torch.zeros(B, dtype=torch.int32, device="cuda")
     static["error_count"] = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -399,7 +542,7 @@ def test_flashinfer_pretranspose_pool(state_dtype):
     assert ret is pool and out.dtype == BF16 and (out[2] == 0).all()
     rx, rpool, ridx = build("cpu")
     want = gdn.reference_decode(rx["q"], rx["k"], rx["v"], rpool, a=rx["a"], b=rx["b"], A_log=rx["A_log"],
-                                dt_bias=rx["dt_bias"], read_slots=ridx)
+                                dt_bias=rx["dt_bias"], read_slots=ridx, layout="VK")
     assert_close(out, want, "o")
     assert_close(pool, rpool, "state")
 
@@ -430,7 +573,7 @@ def test_flashinfer_nontranspose_and_mtp():
                                        intermediate_states_buffer=buf, disable_state_update=True)
     want = gdn.reference_decode(cpu["q"], cpu["k"], cpu["v"], want_pool, a=cpu["a"], b=cpu["b"],
                                 A_log=cpu["A_log"], dt_bias=cpu["dt_bias"], read_slots=idx.cpu(),
-                                inter=want_buf, update_state=False)
+                                inter=want_buf, update_state=False, layout="VK")
     assert ret is pool
     assert_close(out, want, "o")
     assert torch.equal(pool.cpu(), want_pool)
@@ -465,7 +608,7 @@ def test_gdn_imported_before_torch_compiles_without_graph_break():
                     a=torch.randn(B, T, HV), b=torch.randn(B, T, HV), A_log=torch.zeros(HV),
                     dt_bias=torch.zeros(HV), state=torch.zeros(B, HV, V, K))
         def f(args):
-            return gdn.decode(**args) + 1
+            return gdn.decode(**args, layout="VK") + 1
         with torch.no_grad():
             out = torch.compile(f, fullgraph=True, backend="aot_eager")(args)
         assert out.shape == (B, T, HV, V)
@@ -473,3 +616,137 @@ def test_gdn_imported_before_torch_compiles_without_graph_break():
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+# --- gdn.fla drop-ins with torch ----------------------------------------------------------------------
+
+def fla_inputs(d, N, T, H, HV, K, V, dtype=BF16, flat=False):
+    """FLA-style inputs: precomputed gates (g fp32 as transformers computes it, beta in the inputs' dtype)."""
+    x = dict(q=d.normal((N, T, H, K), dtype), k=d.normal((N, T, H, K), dtype), v=d.normal((N, T, HV, V), dtype),
+             g=d.uniform((N, T, HV), 0.05, 1.0).log(), beta=d.uniform((N, T, HV), 0.0, 1.0, dtype))
+    if flat:
+        x = {n: t.reshape((1, N * T) + tuple(t.shape[2:])) for n, t in x.items()}
+    return x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [F32, BF16], ids=str)
+def test_fla_transformers_decode_step(device, state_dtype):
+    # transformers' Qwen3-Next decode: q and k repeat_interleave'd to HV heads, v a view of
+    # the conv output, the cached state updated through initial_state / output_final_state.
+    from gdn import fla
+
+    B, H, HV, K, V = 3, 2, 4, 128, 128
+    d = Draw(300, device)
+    x = fla_inputs(d, B, 1, H, HV, K, V)
+    mixed = d.normal((B, 1, 2 * HV * K + HV * V), BF16)
+    v = mixed[..., 2 * HV * K:].reshape(B, 1, HV, V)
+    q = x["q"].repeat_interleave(HV // H, dim=2)
+    k = x["k"].repeat_interleave(HV // H, dim=2)
+    state = d.pool(B, HV, K, V, "KV", state_dtype)
+    ref = {n: t.cpu().clone() for n, t in dict(q=q, k=k, v=v, g=x["g"], beta=x["beta"], state=state).items()}
+    with torch.no_grad():
+        o, final = fla.fused_recurrent_gated_delta_rule(q, k, v, g=x["g"], beta=x["beta"], initial_state=state,
+                                                        output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert final is state and o.shape == v.shape and o.dtype == BF16
+    want = gdn.reference_decode(ref["q"], ref["k"], ref["v"], ref["state"], g=ref["g"], beta=ref["beta"],
+                                layout="KV")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert_close(o, want, "o")
+    assert_close(state, ref["state"], "final_state")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fla_vllm_spec_decode(device):
+    from gdn import fla
+
+    N, T, H, HV, K, V, P = 3, 3, 2, 4, 128, 128, 16
+    d = Draw(310, device)
+    x = fla_inputs(d, N, T, H, HV, K, V, flat=True)
+    pool = d.pool(P, HV, K, V, "KV")
+    idx = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [-1, -1, -1, -1]], dtype=torch.int32, device=device)
+    accepted = torch.tensor([2, 1, 1], dtype=torch.int32, device=device)
+    cu = torch.arange(0, N * T + 1, T, dtype=torch.int32, device=device)
+    ref = {n: t.cpu().clone() for n, t in x.items()}
+    want_pool = pool.cpu().clone()
+    with torch.no_grad():
+        o, final = fla.fused_recurrent_gated_delta_rule_vllm(
+            q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], initial_state=pool, inplace_final_state=True,
+            cu_seqlens=cu, ssm_state_indices=idx, num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True)
+    assert final is pool and o.shape == (1, N * T, HV, V)
+    rows = {n: t.reshape((N, T) + tuple(t.shape[2:])) for n, t in ref.items()}
+    want = gdn.reference_decode(rows["q"], rows["k"], rows["v"], want_pool, g=rows["g"], beta=rows["beta"],
+                                token_slots=idx[:, :T].cpu(), num_accepted=accepted.cpu(), layout="KV")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert_close(o.reshape(N, T, HV, V), want, "o")
+    assert_close(pool, want_pool, "pool")
+    assert (o.reshape(N, T, HV, V)[2] == 0).all()
+
+
+def test_fla_vllm_compiles_without_graph_break():
+    # vLLM compiles its model with torch.compile: the drop-in (varlen views, allocation of o)
+    # must trace as one graph, bit-identical to eager.
+    from gdn import fla
+
+    torch._dynamo.reset()
+    N, T, H, HV, K, V, P = 4, 1, 2, 4, 64, 64, 9
+    d = Draw(320, "cpu")
+    x = fla_inputs(d, N, T, H, HV, K, V, flat=True)
+    pool = d.pool(P, HV, K, V, "KV")
+    pool_e = pool.clone()
+    idx = torch.tensor([8, 0, -1, 3], dtype=torch.int32)
+    cu = torch.arange(N + 1, dtype=torch.int32)
+
+    def step(x, pool, idx, cu):
+        o, _ = fla.fused_recurrent_gated_delta_rule_vllm(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                                         initial_state=pool, cu_seqlens=cu,
+                                                         ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+        return o * 2
+
+    with torch.no_grad():
+        eager = step(x, pool_e, idx, cu)
+        out = torch.compile(step, fullgraph=True, backend="aot_eager")(x, pool, idx, cu)
+    assert torch.equal(out, eager) and torch.equal(pool, pool_e)
+
+
+@needs_cuda
+def test_fla_vllm_cuda_graph_replay():
+    # vLLM captures decode in CUDA graphs: cu_seqlens and the slots stay on the device (never
+    # read on the host), and new slot values copied in before a replay take effect.
+    from gdn import fla
+
+    N, T, H, HV, K, V, P = 4, 1, 2, 4, 128, 128, 12
+    d = Draw(330, "cuda")
+    static = fla_inputs(d, N, T, H, HV, K, V, flat=True)
+    pool = d.pool(P, HV, K, V, "KV")
+    idx = torch.arange(N, dtype=torch.int32, device="cuda")
+    cu = torch.arange(N + 1, dtype=torch.int32, device="cuda")
+    out = {}
+
+    def step():
+        out["o"], _ = fla.fused_recurrent_gated_delta_rule_vllm(
+            static["q"], static["k"], static["v"], static["g"], static["beta"], initial_state=pool, cu_seqlens=cu,
+            ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        step()
+    fresh = fla_inputs(Draw(331, "cuda"), N, T, H, HV, K, V, flat=True)
+    for n, t in fresh.items():
+        static[n].copy_(t)
+    idx.copy_(torch.tensor([5, -1, 0, 11], dtype=torch.int32))
+    cpu = {n: t.cpu().reshape((N, T) + tuple(t.shape[2:])) for n, t in static.items()}
+    want_pool = pool.cpu().clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    want = gdn.reference_decode(cpu["q"], cpu["k"], cpu["v"], want_pool, g=cpu["g"], beta=cpu["beta"],
+                                read_slots=idx.cpu(), layout="KV")
+    assert_close(out["o"].reshape(N, T, HV, V), want, "o")
+    assert_close(pool, want_pool, "pool")
