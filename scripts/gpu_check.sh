@@ -2,7 +2,7 @@
 # Build, test, sanitize and benchmark on the GPU machine in one call (it keeps nothing between
 # calls and has no network: header-only Debian packages travel in .deps, fetched here with
 # `scripts/setup.sh --download .deps`). Logs go to $OUT; a short table is printed last.
-#   scripts/gpu_check.sh [stage ...]   stages: build test run sanitize python bench quickbench
+#   scripts/gpu_check.sh [stage ...]   stages: build test run sanitize python bench quickbench fusedbench
 # COMMIT names the commit under test in the benchmark JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ note() { summary+=("$1"); echo "== $1"; }
 scripts/setup.sh --unpack .deps >/dev/null
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$OUT/device.txt" 2>&1
 
-if has build || has test || has run || has sanitize || has bench || has quickbench; then
+if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench; then
   t0=$SECONDS
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DGDN_GIT_COMMIT="${COMMIT:-unknown}" > "$OUT/build.log" 2>&1 &&
@@ -56,6 +56,13 @@ if has sanitize; then
       --gtest_filter="$cfilter" > "$OUT/sanitize-chunk-$tool.log" 2>&1
     rc=$?; note "compute-sanitizer $tool, chunked kernel forced, rc=$rc: $(grep -E 'ERROR SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitize-chunk-$tool.log" | tr '\n' ' ' | cut -c1-200)"
   done
+  # The fused step (clusters, distributed shared memory, the conv-state handoff).
+  ffilter=${SANITIZE_FUSED_FILTER:-'Cuda/Fused.*:Cuda/FusedMatrix.*/f0*:Cuda/FusedRejects.*'}
+  for tool in memcheck racecheck synccheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 ./$B/tests/gdn_tests --gtest_filter="$ffilter" \
+      > "$OUT/sanitize-fused-$tool.log" 2>&1
+    rc=$?; note "compute-sanitizer $tool, fused, rc=$rc: $(grep -E 'ERROR SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitize-fused-$tool.log" | tr '\n' ' ' | cut -c1-200)"
+  done
   note "sanitize took $((SECONDS - t0)) s"
 fi
 if has python; then
@@ -64,6 +71,12 @@ if has python; then
     python3 -m pytest python/tests -q >> "$OUT/python.log" 2>&1
   rc=$?; note "python rc=$rc ($((SECONDS - t0)) s): $(tail -1 "$OUT/python.log")"
   python3 python/bench_overhead.py --json "$OUT/overhead.json" 2>&1 | tail -6 | tee -a "$OUT/python.log"
+fi
+if has fusedbench; then
+  # The fused step against decode alone, same configurations (issue 17's targets).
+  ./$B/gdn bench --op all --mode pool --layout ${FUSED_LAYOUT:-vk} --T ${FUSED_T:-1,4} \
+    --B ${FUSED_B:-1,4,16,64,256} --cache off --update on --json "$OUT/bench-fused.json" > "$OUT/bench-fused.log" 2>&1
+  note "fusedbench rc=$?"; tail -45 "$OUT/bench-fused.log"
 fi
 if has quickbench; then
   ./$B/gdn bench --quick --json "$OUT/bench-quick.json" > "$OUT/bench-quick.log" 2>&1
