@@ -660,6 +660,7 @@ struct LaunchPlan {
   bool chunked = false;     // VK: the chunked tile kernel (vk_chunk.cuh) instead of the token loop
   bool direct = false;      // VK tile, rows in registers <= 2: raw bf16 q/k/v, no conversion phase
   bool kv_wide = false;     // KV tile: the wide variant (KvTileWide, kv_tile_wide)
+  bool kv_lanes16 = false;  // KV tile, fused step, fp32: 16 lanes along V (plan_kv_tile_k)
   bool vec = true;          // 16-byte state accesses allowed
   bool pdl = true;          // programmatic dependent launch attribute
   int cluster = 1;          // fused step: blocks per thread-block cluster (fused.cuh)

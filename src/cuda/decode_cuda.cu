@@ -192,8 +192,9 @@ size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp, bool fused = f
 // The fused step's shared memory beyond the staging area.
 size_t fused_extra_bytes(const FusedProblem* f, int nc) {
   if (f == nullptr) return 0;
-  return sizeof(float) *
-         static_cast<size_t>(fused_smem_floats(static_cast<int>(f->step.T), nc, f->norm_weight.data != nullptr));
+  return sizeof(float) * static_cast<size_t>(fused_smem_floats(
+                             static_cast<int>(f->step.T), static_cast<int>(f->step.K), nc, static_cast<int>(f->L),
+                             static_cast<int>(f->W), f->x.dtype == DType::kF32 ? 4 : 2, f->norm_weight.data != nullptr));
 }
 
 // Blocks per thread-block cluster the fused step may use: 8 is portable; 16 is allowed on sm_90
@@ -380,15 +381,32 @@ bool plan_kv_tile_nt(const Problem& p, LaunchPlan& lp, const FusedProblem* f) {
   return true;
 }
 
-// `f`: the fused step (the tile width is fixed by the variant, so the cluster bound is checked
-// by the caller).
+// `f`: the fused step, whose cluster holds every tile of a GVA group: where the decode's choice
+// makes the cluster too large, the narrow variant, then (fp32) tiles of 16 lanes along V.
 template <typename S, int K>
 bool plan_kv_tile_k(const Problem& p, LaunchPlan& lp, const FusedProblem* f) {
   using Narrow = KvShape<S, K, kKvTileThreads, 8>;
   using W = KvTileWide<S, K>;
   lp.kv_wide = kv_tile_wide<S>(p.B * p.HV * ((p.V + Narrow::VT - 1) / Narrow::VT));
-  return lp.kv_wide ? plan_kv_tile_nt<S, K, W::NT, W::LV>(p, lp, f)
-                    : plan_kv_tile_nt<S, K, kKvTileThreads, 8>(p, lp, f);
+  bool ok = lp.kv_wide ? plan_kv_tile_nt<S, K, W::NT, W::LV>(p, lp, f)
+                       : plan_kv_tile_nt<S, K, kKvTileThreads, 8>(p, lp, f);
+  if (f == nullptr) return ok;
+  const auto fits = [&] {
+    return ok && lp.cluster <= kMaxFusedCluster && (lp.cluster <= 8 || lp.smem <= kBigClusterSmemMax);
+  };
+  if (fits()) return true;
+  if (lp.kv_wide) {
+    lp.kv_wide = false;
+    ok = plan_kv_tile_nt<S, K, kKvTileThreads, 8>(p, lp, f);
+    if (fits()) return true;
+  }
+  if constexpr (sizeof(S) == 4) {
+    lp.kv_lanes16 = true;
+    ok = plan_kv_tile_nt<S, K, kKvFusedLanes16Threads, 16>(p, lp, f);
+    if (fits()) return true;
+    lp.kv_lanes16 = false;
+  }
+  return false;
 }
 
 template <typename S>
@@ -492,7 +510,7 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
            std::to_string(kMaxFusedCluster) + " blocks; this shape does not fit";
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
-  lp.geo.qkv_vec = false;  // the conv stages q, k, v (never read by stage_issue)
+  lp.geo.qkv_vec = qkv_vec_ok(p);  // the new inputs: the step's q, k, v name mixed_qkv's parts
   lp.pdl = pdl_enabled();
   lp.geo.prefetch = prefetch_enabled() && one_wave(lp.blocks);
   return {};

@@ -25,6 +25,13 @@ template <typename S, int K, bool kNorm>
 cudaError_t launch_fused_kv_k(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
   using W = KvTileWide<S, K>;
   using Fz = Fuse<kNorm>;
+  if (lp.kv_lanes16) {
+    if constexpr (sizeof(S) == 4) {
+      return launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvFusedLanes16Threads, 16, Fz>>(f, lp, stream);
+    } else {
+      return cudaErrorInvalidConfiguration;  // planned for fp32 states only
+    }
+  }
   return lp.kv_wide ? launch_tile_kernel<decode_kv_tile_kernel<S, K, W::NT, W::LV, Fz>>(f, lp, stream)
                     : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads, 8, Fz>>(f, lp, stream);
 }

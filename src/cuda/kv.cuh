@@ -255,6 +255,10 @@ struct KvTileWide {
   static constexpr int LV = sizeof(S) == 4 ? 8 : 4;
   static constexpr int NT = sizeof(S) == 4 ? (K >= 128 ? 256 : 128) : K;
 };
+// The fused step's fp32 fallback where a GVA group's tiles do not fit one cluster (V = 256 with
+// four value heads per q/k head): 16 lanes of 16 bytes along V, tiles twice as wide as the
+// narrow variant's, on 128 threads.
+constexpr int kKvFusedLanes16Threads = 128;
 #ifndef GDN_KV_TILE_MIN_BLOCKS
 #define GDN_KV_TILE_MIN_BLOCKS 8
 #endif
@@ -304,7 +308,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   float* const work = s_red + kv_tile_lead_floats<S, K, NT, LVn>(false);  // valid only if work_on
   const StageSmem sm = carve_smem(s_red, kv_tile_lead_floats<S, K, NT, LVn>(work_on), geo, K, VT);
   FusedSmem fs;
-  if constexpr (Fz::kOn) fs = carve_fused(sm.v + sm.chunk * VT, T, VT, Fz::kNorm);
+  if constexpr (Fz::kOn) fs = carve_fused(prm, sm.v + sm.chunk * VT, VT, Fz::kNorm);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -324,10 +328,12 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   pdl_wait();
   pdl_launch_dependents();
 
-  if constexpr (!Fz::kOn) {
+  if constexpr (Fz::kOn) {
+    fused_stage_x<NT>(prm, geo, sm, fs, n, hv, c0, VT, T);
+  } else {
     stage_issue<NT>(p, geo, sm, n, 0, T, hv, c0, VT);
-    cp_async_commit();
   }
+  cp_async_commit();
   const GateInputs gates = stage_gates_load<NT>(p, n, 0, T, hv);
 
   const WarpSlots slots = resolve_row_warp(p, n, lane);
@@ -353,12 +359,13 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     cp_async_commit();
   }
 
-  if constexpr (Fz::kOn) {
-    fused_conv_stage<NT, Fz::kNorm>(prm, sm, fs, n, hv, c0, VT, T, slots.read);
-    cluster_arrive();  // this block's conv-state reads are done (fused.cuh)
-  }
+  if constexpr (Fz::kOn) fused_conv_load<NT, Fz::kNorm>(prm, fs, n, hv, c0, VT, T, slots.read);
   stage_gates_store<NT>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
+    cp_async_wait_group<1>();  // the new inputs landed (the state may still be in flight)
+    __syncthreads();           // ... and the conv columns, taps and bias every thread gathered
+    cluster_arrive();          // this block's conv-state reads are done (fused.cuh)
+    fused_conv_compute<NT, Fz::kNorm>(prm, sm, fs, c0, VT, T);
     __syncthreads();  // the conv outputs (fp32, raw staging area)
     stage_convert_t<K, NT, float, false>(p, geo, sm, T, VT, typename Sh::Pos{});
   } else {

@@ -452,9 +452,9 @@ constexpr int kVkTileMinBlocks = RR == 1   ? GDN_VK_TILE_MIN_BLOCKS_RR1
 struct NoWork {
   __device__ void operator()() const {}
 };
-// Fz (fused.cuh): with the fused step, the conv computes q, k and v (fused_conv_stage) instead
-// of the staging copies, and the block arrives on the cluster barrier once its conv inputs are
-// read; `fs` is its shared memory.
+// Fz (fused.cuh): with the fused step, the conv computes q, k and v (fused_conv_load and
+// fused_conv_compute) from the staged new inputs, and the block arrives on the cluster barrier
+// once its conv inputs are read; `fs` is its shared memory.
 template <typename S, int K, bool kChunked, typename Work = NoWork, bool kDirect = false, typename Fz = NoFuse>
 __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, const Geometry& geo,
                                               const StageSmem& sm, S* tile_s, const BlockCoords& bc,
@@ -477,10 +477,12 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   pdl_launch_dependents();
 
   // Inputs first: they do not depend on the slot, so their latency overlaps the slot load.
-  if constexpr (!Fz::kOn) {
+  if constexpr (Fz::kOn) {
+    fused_stage_x<kVkThreads>(prm, geo, sm, *fs, n, hv, row0, RT, T);
+  } else {
     stage_issue<kVkThreads>(p, geo, sm, n, 0, T, hv, row0, RT);
-    cp_async_commit();
   }
+  cp_async_commit();
   const GateInputs gates = stage_gates_load<kVkThreads>(p, n, 0, T, hv);
 
   slots = resolve_row_warp(p, n, tid & 31);
@@ -506,12 +508,13 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     cp_async_commit();
   }
 
-  if constexpr (Fz::kOn) {
-    fused_conv_stage<kVkThreads, Fz::kNorm>(prm, sm, *fs, n, hv, row0, RT, T, slots.read);
-    cluster_arrive();  // this block's conv-state reads are done (fused.cuh)
-  }
+  if constexpr (Fz::kOn) fused_conv_load<kVkThreads, Fz::kNorm>(prm, *fs, n, hv, row0, RT, T, slots.read);
   stage_gates_store<kVkThreads>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
+    cp_async_wait_group<1>();  // the new inputs landed (the state may still be in flight)
+    __syncthreads();           // ... and the conv columns, taps and bias every thread gathered
+    cluster_arrive();          // this block's conv-state reads are done (fused.cuh)
+    fused_conv_compute<kVkThreads, Fz::kNorm>(prm, sm, *fs, row0, RT, T);
     __syncthreads();  // the conv outputs (fp32, raw staging area)
     stage_convert_t<K, kVkThreads, float, false>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
   } else if constexpr (!kDirect) {  // direct: the compute threads read the raw inputs
@@ -543,7 +546,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   const StageSmem sm = carve_smem(reinterpret_cast<float*>(smem4),
                                   RT * K * static_cast<int>(sizeof(S)) / 4, geo, K, RT);
   FusedSmem fs;
-  if constexpr (Fz::kOn) fs = carve_fused(sm.v + sm.chunk * RT, static_cast<int>(p.T), RT, Fz::kNorm);
+  if constexpr (Fz::kOn) fs = carve_fused(prm, sm.v + sm.chunk * RT, RT, Fz::kNorm);
 
   const int tid = threadIdx.x;
   const int group = tid / L;
