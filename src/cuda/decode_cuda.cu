@@ -190,11 +190,12 @@ size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp, bool fused = f
 }
 
 // The fused step's shared memory beyond the staging area.
-size_t fused_extra_bytes(const FusedProblem* f, int nc) {
+size_t fused_extra_bytes(const FusedProblem* f, int nc, int tiles) {
   if (f == nullptr) return 0;
-  return sizeof(float) * static_cast<size_t>(fused_smem_floats(
-                             static_cast<int>(f->step.T), static_cast<int>(f->step.K), nc, static_cast<int>(f->L),
-                             static_cast<int>(f->W), f->x.dtype == DType::kF32 ? 4 : 2, f->norm_weight.data != nullptr));
+  const int T = static_cast<int>(f->step.T);
+  const FusedShare s = fused_share(static_cast<int>(f->step.K), static_cast<int>(f->step.HV / f->step.H), tiles, nc,
+                                   static_cast<int>(f->L), static_cast<int>(f->W), T);
+  return sizeof(float) * static_cast<size_t>(fused_smem_floats(s, T, nc, f->norm_weight.data != nullptr));
 }
 
 // Blocks per thread-block cluster the fused step may use: 8 is portable; 16 is allowed on sm_90
@@ -314,12 +315,24 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   }
   for (; !chunked;) {
     const size_t smem = static_cast<size_t>(rt) * row_bytes + stage_all_tokens(p, rt, lp, f != nullptr) +
-                        fused_extra_bytes(f, rt);
+                        fused_extra_bytes(f, rt, V / rt);
+    if (f != nullptr) {
+      // The fused step: a cluster of every tile of the group, up to 16 blocks of at most
+      // kBigClusterSmemMax each beyond the portable 8; else wider tiles (never narrower).
+      const int64_t cluster = group * (V / rt);
+      if (smem <= kTileSmemMax && (cluster <= 8 || (cluster <= kMaxFusedCluster && smem <= kBigClusterSmemMax))) {
+        lp.smem = smem;
+        break;
+      }
+      if (rt >= V) return false;
+      rt *= 2;
+      continue;
+    }
     if (smem <= kTileSmemMax) {
       lp.smem = smem;
       break;
     }
-    if (rt == G || f != nullptr) return false;  // fused: fewer rows would break the cluster bound
+    if (rt == G) return false;
     rt /= 2;
   }
   // Rows in registers at once (GDN_CUDA_VK_RR overrides). T > 1: four, which share the q/k
@@ -370,7 +383,8 @@ template <typename S, int K, int NT, int LV>
 bool plan_kv_tile_nt(const Problem& p, LaunchPlan& lp, const FusedProblem* f) {
   using Sh = KvShape<S, K, NT, LV>;
   const size_t lead = sizeof(float) * kv_tile_lead_floats<S, K, NT, LV>(p.T > 1);
-  lp.smem = lead + stage_all_tokens(p, Sh::VT, lp, f != nullptr) + fused_extra_bytes(f, Sh::VT);
+  lp.smem = lead + stage_all_tokens(p, Sh::VT, lp, f != nullptr) +
+            fused_extra_bytes(f, Sh::VT, static_cast<int>((p.V + Sh::VT - 1) / Sh::VT));
   if (lp.smem > kTileSmemMax) return false;
   lp.tile = true;
   lp.threads = NT;
@@ -510,7 +524,7 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
            std::to_string(kMaxFusedCluster) + " blocks; this shape does not fit";
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
-  lp.geo.qkv_vec = qkv_vec_ok(p);  // the new inputs: the step's q, k, v name mixed_qkv's parts
+  lp.geo.qkv_vec = false;  // the conv loads the new inputs itself (stage_issue never runs)
   lp.pdl = pdl_enabled();
   lp.geo.prefetch = prefetch_enabled() && one_wave(lp.blocks);
   return {};

@@ -308,7 +308,12 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   float* const work = s_red + kv_tile_lead_floats<S, K, NT, LVn>(false);  // valid only if work_on
   const StageSmem sm = carve_smem(s_red, kv_tile_lead_floats<S, K, NT, LVn>(work_on), geo, K, VT);
   FusedSmem fs;
-  if constexpr (Fz::kOn) fs = carve_fused(prm, sm.v + sm.chunk * VT, VT, Fz::kNorm);
+  FusedShare share;
+  if constexpr (Fz::kOn) {
+    share = fused_share(K, static_cast<int>(p.HV / p.H), geo.tiles, VT, static_cast<int>(prm.L),
+                        static_cast<int>(prm.W), T);
+    fs = carve_fused(share, sm.v + sm.chunk * VT, T, VT, Fz::kNorm);
+  }
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -325,15 +330,14 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
   warm_params(prm);
   if (geo.prefetch) prefetch_state_l2(p, n, hv, 0, K, c0, VT * static_cast<int>(sizeof(S)), tid, NT);
+  if constexpr (Fz::kOn) fused_started();
   pdl_wait();
   pdl_launch_dependents();
 
-  if constexpr (Fz::kOn) {
-    fused_stage_x<NT>(prm, geo, sm, fs, n, hv, c0, VT, T);
-  } else {
+  if constexpr (!Fz::kOn) {  // the fused step's conv loads its inputs itself, once the slot is known
     stage_issue<NT>(p, geo, sm, n, 0, T, hv, c0, VT);
+    cp_async_commit();
   }
-  cp_async_commit();
   const GateInputs gates = stage_gates_load<NT>(p, n, 0, T, hv);
 
   const WarpSlots slots = resolve_row_warp(p, n, lane);
@@ -359,14 +363,10 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     cp_async_commit();
   }
 
-  if constexpr (Fz::kOn) fused_conv_load<NT, Fz::kNorm>(prm, fs, n, hv, c0, VT, T, slots.read);
   stage_gates_store<NT>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
-    cp_async_wait_group<1>();  // the new inputs landed (the state may still be in flight)
-    __syncthreads();           // ... and the conv columns, taps and bias every thread gathered
-    cluster_arrive();          // this block's conv-state reads are done (fused.cuh)
-    fused_conv_compute<NT, Fz::kNorm>(prm, sm, fs, c0, VT, T);
-    __syncthreads();  // the conv outputs (fp32, raw staging area)
+    fused_conv<NT, Fz::kNorm>(prm, share, sm, fs, n, hv, c0, VT, T, slots.read);
+    cluster_sync();  // every slice's q/k outputs are in every block of the cluster (fused.cuh)
     stage_convert_t<K, NT, float, false>(p, geo, sm, T, VT, typename Sh::Pos{});
   } else {
     cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
       }
     }
   }
-  if constexpr (Fz::kOn) fused_finish<NT, Fz::kNorm>(prm, fs, slots, n, hv, tile, geo.tiles, c0, VT, T);
+  if constexpr (Fz::kOn) fused_finish<NT, Fz::kNorm>(prm, share, fs, slots, n, hv, tile, geo.tiles, c0, VT, T);
 }
 
 template <typename S, int K>

@@ -452,14 +452,15 @@ constexpr int kVkTileMinBlocks = RR == 1   ? GDN_VK_TILE_MIN_BLOCKS_RR1
 struct NoWork {
   __device__ void operator()() const {}
 };
-// Fz (fused.cuh): with the fused step, the conv computes q, k and v (fused_conv_load and
-// fused_conv_compute) from the staged new inputs, and the block arrives on the cluster barrier
-// once its conv inputs are read; `fs` is its shared memory.
+// Fz (fused.cuh): with the fused step, the conv computes q, k and v (fused_conv; the cluster
+// shares the q/k slices) instead of the staging copies; `fs` is its shared memory, `share` its
+// part of the conv.
 template <typename S, int K, bool kChunked, typename Work = NoWork, bool kDirect = false, typename Fz = NoFuse>
 __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, const Geometry& geo,
                                               const StageSmem& sm, S* tile_s, const BlockCoords& bc,
                                               int64_t row0, int RT, WarpSlots& slots,
-                                              Work while_state_lands = {}, const FusedSmem* fs = nullptr) {
+                                              Work while_state_lands = {}, const FusedSmem* fs = nullptr,
+                                              const FusedShare* share = nullptr) {
   static_assert(!Fz::kOn || (!kChunked && !kDirect), "the fused step stages fp32 conv outputs");
   const Problem& p = Fz::step(prm);
   constexpr int VE = kVecElems<S>;
@@ -473,16 +474,16 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
     prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
   }
+  if constexpr (Fz::kOn) fused_started();
   pdl_wait();
   pdl_launch_dependents();
 
   // Inputs first: they do not depend on the slot, so their latency overlaps the slot load.
-  if constexpr (Fz::kOn) {
-    fused_stage_x<kVkThreads>(prm, geo, sm, *fs, n, hv, row0, RT, T);
-  } else {
+  // (The fused step's conv loads its inputs itself, once the slot is known.)
+  if constexpr (!Fz::kOn) {
     stage_issue<kVkThreads>(p, geo, sm, n, 0, T, hv, row0, RT);
+    cp_async_commit();
   }
-  cp_async_commit();
   const GateInputs gates = stage_gates_load<kVkThreads>(p, n, 0, T, hv);
 
   slots = resolve_row_warp(p, n, tid & 31);
@@ -508,14 +509,10 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     cp_async_commit();
   }
 
-  if constexpr (Fz::kOn) fused_conv_load<kVkThreads, Fz::kNorm>(prm, *fs, n, hv, row0, RT, T, slots.read);
   stage_gates_store<kVkThreads>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
-    cp_async_wait_group<1>();  // the new inputs landed (the state may still be in flight)
-    __syncthreads();           // ... and the conv columns, taps and bias every thread gathered
-    cluster_arrive();          // this block's conv-state reads are done (fused.cuh)
-    fused_conv_compute<kVkThreads, Fz::kNorm>(prm, sm, *fs, row0, RT, T);
-    __syncthreads();  // the conv outputs (fp32, raw staging area)
+    fused_conv<kVkThreads, Fz::kNorm>(prm, *share, sm, *fs, n, hv, row0, RT, T, slots.read);
+    cluster_sync();  // every slice's q/k outputs are in every block of the cluster (fused.cuh)
     stage_convert_t<K, kVkThreads, float, false>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
   } else if constexpr (!kDirect) {  // direct: the compute threads read the raw inputs
     cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
@@ -546,7 +543,12 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   const StageSmem sm = carve_smem(reinterpret_cast<float*>(smem4),
                                   RT * K * static_cast<int>(sizeof(S)) / 4, geo, K, RT);
   FusedSmem fs;
-  if constexpr (Fz::kOn) fs = carve_fused(prm, sm.v + sm.chunk * RT, RT, Fz::kNorm);
+  FusedShare share;
+  if constexpr (Fz::kOn) {
+    share = fused_share(K, static_cast<int>(p.HV / p.H), geo.tiles, RT, static_cast<int>(prm.L),
+                        static_cast<int>(prm.W), static_cast<int>(p.T));
+    fs = carve_fused(share, sm.v + sm.chunk * RT, static_cast<int>(p.T), RT, Fz::kNorm);
+  }
 
   const int tid = threadIdx.x;
   const int group = tid / L;
@@ -558,7 +560,8 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
 
   WarpSlots slots;
-  if (!vk_tile_begin<S, K, false, NoWork, kDirect, Fz>(prm, geo, sm, tile_s, bc, row0, RT, slots, NoWork{}, &fs))
+  if (!vk_tile_begin<S, K, false, NoWork, kDirect, Fz>(prm, geo, sm, tile_s, bc, row0, RT, slots, NoWork{}, &fs,
+                                                       &share))
     return;
   // The tokens' v rows [t][RT]: direct, raw bf16 (StageSmem::raw); else fp32.
   const auto* const vbase = [&] {
@@ -591,7 +594,8 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
               Fz::kNorm>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t, vbase + t * RT + lr, fs.o, row0, RT);
     }
   }
-  if constexpr (Fz::kOn) fused_finish<kVkThreads, Fz::kNorm>(prm, fs, slots, n, hv, tile, geo.tiles, row0, RT, T);
+  if constexpr (Fz::kOn)
+    fused_finish<kVkThreads, Fz::kNorm>(prm, share, fs, slots, n, hv, tile, geo.tiles, row0, RT, T);
 }
 
 }  // namespace gdn::detail::cuda
