@@ -381,6 +381,7 @@ struct Geometry {
   int raw_bytes = 0;    // bytes of the raw staging area (16-byte multiple)
   bool qkv_vec = true;  // q, k, v views allow 16-byte cp.async
   bool prefetch = true; // tile kernels: L2-prefetch the state before pdl_wait (GDN_CUDA_PREFETCH)
+  bool conv_vec = false; // fused step: the conv's 16-byte path (fused.cuh, fused_conv_vec_ok)
 };
 
 struct StageSmem {

@@ -195,7 +195,32 @@ size_t fused_extra_bytes(const FusedProblem* f, int nc, int tiles) {
   const int T = static_cast<int>(f->step.T);
   const FusedShare s = fused_share(static_cast<int>(f->step.K), static_cast<int>(f->step.HV / f->step.H), tiles, nc,
                                    static_cast<int>(f->L), static_cast<int>(f->W), T);
-  return sizeof(float) * static_cast<size_t>(fused_smem_floats(s, T, nc, f->norm_weight.data != nullptr));
+  return sizeof(float) * static_cast<size_t>(fused_smem_floats(s, T, nc, static_cast<int>(f->W),
+                                                                 f->norm_weight.data != nullptr));
+}
+
+// The conv's 16-byte path (fused.cuh): mixed_qkv, the conv state (and conv_inter) and the taps
+// (and bias) of one 16-bit dtype; mixed_qkv, the conv state, conv_inter and the bias contiguous
+// along the channels and the taps row-major [D, W]; every other stride a multiple of 8 elements
+// and every base 16-byte aligned; q/k slices of a multiple of 8 channels.
+bool fused_conv_vec_ok(const FusedProblem& f, int tiles) {
+  const Problem& p = f.step;
+  const DType dt = f.x.dtype;
+  if (dt == DType::kF32 || f.conv_state.dtype != dt || f.conv_weight.dtype != dt) return false;
+  if (f.conv_bias.data != nullptr && (f.conv_bias.dtype != dt || f.conv_bias.s[0] != 1)) return false;
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const auto mult8 = [](int64_t x) { return x % 8 == 0; };
+  if (!aligned(f.x.data) || f.x.s[2] != 1 || !mult8(f.x.s[0]) || !mult8(f.x.s[1])) return false;
+  if (!aligned(f.conv_state.data) || f.conv_state.s[1] != 1 || !mult8(f.conv_state.s[0]) || !mult8(f.conv_state.s[2]))
+    return false;
+  if (!aligned(f.conv_weight.data) || f.conv_weight.s[1] != 1 || f.conv_weight.s[0] != f.W) return false;
+  if (f.conv_bias.data != nullptr && !aligned(f.conv_bias.data)) return false;
+  if (f.conv_inter.data != nullptr &&
+      (!aligned(f.conv_inter.data) || f.conv_inter.s[2] != 1 || !mult8(f.conv_inter.s[0]) ||
+       !mult8(f.conv_inter.s[1]) || !mult8(f.conv_inter.s[3])))
+    return false;
+  const int64_t C = p.HV / p.H * tiles;
+  return (2 * p.K) % C == 0 && mult8(2 * p.K / C);
 }
 
 // Blocks per thread-block cluster the fused step may use: 8 is portable; 16 is allowed on sm_90
@@ -525,6 +550,7 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
   lp.geo.qkv_vec = false;  // the conv loads the new inputs itself (stage_issue never runs)
+  lp.geo.conv_vec = fused_conv_vec_ok(f, lp.geo.tiles);
   lp.pdl = pdl_enabled();
   lp.geo.prefetch = prefetch_enabled() && one_wave(lp.blocks);
   return {};

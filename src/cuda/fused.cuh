@@ -132,17 +132,23 @@ struct FusedSmem {
 
 __host__ __device__ constexpr int round4(int f) { return (f + 3) / 4 * 4; }
 
-// Floats after the staging area, each region a multiple of 16 bytes, plus 4 of slack to align
-// the start.
-__host__ __device__ inline int fused_smem_floats(const FusedShare& s, int T, int nc, bool norm) {
-  return 4 + round4(s.wl * s.own) + (norm ? 2 * round4(T * nc) : 0) + kMaxTiles * 16 + 16 + 2 * 16;
+// Floats of the window region: fp32 windows (the generic path), or the 16-byte path's raw
+// 16-bit windows, taps and bias, 8 channels per 16-byte vector.
+__host__ __device__ constexpr int fused_win_floats(const FusedShare& s, int W) {
+  return round4(s.wl * s.own > s.own / 2 * (s.wl + W + 1) ? s.wl * s.own : s.own / 2 * (s.wl + W + 1));
 }
 
-__device__ __forceinline__ FusedSmem carve_fused(const FusedShare& s, float* base, int T, int nc, bool norm) {
+// Floats after the staging area, each region a multiple of 16 bytes, plus 4 of slack to align
+// the start.
+__host__ __device__ inline int fused_smem_floats(const FusedShare& s, int T, int nc, int W, bool norm) {
+  return 4 + fused_win_floats(s, W) + (norm ? 2 * round4(T * nc) : 0) + kMaxTiles * 16 + 16 + 2 * 16;
+}
+
+__device__ __forceinline__ FusedSmem carve_fused(const FusedShare& s, float* base, int T, int nc, int W, bool norm) {
   base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(base) + 15) & ~uintptr_t{15});
   FusedSmem m;
   m.win = base;
-  base += round4(s.wl * s.own);
+  base += fused_win_floats(s, W);
   m.o = base;
   m.zw = base + (norm ? round4(T * nc) : 0);
   m.part = base + (norm ? 2 * round4(T * nc) : 0);
@@ -247,6 +253,170 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
 }
 
 // ---------------------------------------------------------------------------------------
+// The 16-byte path, for the engines' layout (host: fused_conv_vec_ok): mixed_qkv, the conv
+// state and the taps of one 16-bit dtype, mixed_qkv and the conv state contiguous along the
+// channels (vLLM's [P, L, D] pool), taps row-major [D, W], every 16-byte piece aligned. A thread
+// owns 8 consecutive block channels (a slice and the v channels are multiples of 8): its window
+// rows, taps and bias land in shared memory by cp.async, all in flight at once with no register
+// held, and the conv state is later written as 16-byte copies of window rows. Layout of fs.win
+// with G = own / 8 groups: rows [wl][G] of raw windows, then taps [G][W], then bias [G].
+// ---------------------------------------------------------------------------------------
+__device__ __forceinline__ void unpack8(uint4 u, DType dt, float* out) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (dt == DType::kBF16) {
+      out[2 * i] = bf16_lo(w[i]);
+      out[2 * i + 1] = bf16_hi(w[i]);
+    } else {
+      const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      out[2 * i] = f2.x;
+      out[2 * i + 1] = f2.y;
+    }
+  }
+}
+
+// Issues the block's conv inputs (cp.async, in the caller's group).
+template <int NT>
+__device__ __forceinline__ void fused_conv_vec_issue(const FusedProblem& f, const FusedShare& s,
+                                                     const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int T,
+                                                     int64_t slot) {
+  const Problem& p = f.step;
+  const int W = static_cast<int>(f.W), lc = static_cast<int>(f.L) - s.first, G = s.own / 8;
+  const int64_t h = hv / (p.HV / p.H);
+  const unsigned rank = cluster_rank();
+  uint4* const win = reinterpret_cast<uint4*>(fs.win);
+  uint4* const taps = win + s.wl * G;
+  uint4* const bias = taps + G * W;
+  for (int g = threadIdx.x; g < G; g += NT) {
+    const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
+    if (d < 0) continue;  // a whole group: slices, tiles and heads are multiples of 8 channels
+    const char* const cs = static_cast<const char*>(f.conv_state.data) + (slot * f.conv_state.s[0] + d) * 2;
+    for (int j = 0; j < lc; ++j) cp_async16(win + j * G + g, cs + (s.first + j) * f.conv_state.s[2] * 2);
+    const char* const xs = static_cast<const char*>(f.x.data) + (n * f.x.s[0] + d) * 2;
+    for (int t = 0; t < T; ++t) cp_async16(win + (lc + t) * G + g, xs + t * f.x.s[1] * 2);
+    const char* const ws = static_cast<const char*>(f.conv_weight.data) + d * W * 2;
+    for (int k = 0; k < W; ++k) cp_async16(taps + g * W + k, ws + k * 16);
+    if (f.conv_bias.data != nullptr) cp_async16(bias + g, static_cast<const char*>(f.conv_bias.data) + d * 2);
+  }
+}
+
+// The conv and SiLU of the thread's groups once their inputs landed (the issuing thread's own
+// cp.async, waited for by the caller), as fused_conv writes them.
+template <int kW>
+__device__ __forceinline__ void fused_conv_vec_group(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
+                                                     const FusedSmem& fs, int g, int nc, int T, unsigned rank) {
+  const Problem& p = f.step;
+  const int K = static_cast<int>(p.K), G = s.own / 8;
+  const DType dt = f.x.dtype;
+  const uint4* const win = reinterpret_cast<const uint4*>(fs.win);
+  const uint4* const taps = win + s.wl * G;
+  float tw[8 * kW];  // channel ch's taps at [ch * kW, +kW)
+#pragma unroll
+  for (int k = 0; k < kW; ++k) unpack8(taps[g * kW + k], dt, tw + 8 * k);
+  float b[8];
+  if (f.conv_bias.data != nullptr) {
+    unpack8((taps + G * kW)[g], dt, b);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) b[i] = 0.f;
+  }
+  const int c = g * 8;
+  const bool qk = c < s.S;
+  const int qc = static_cast<int>(rank) * s.S + c;
+  float* const raw = reinterpret_cast<float*>(sm.raw);
+  float* const dst = qk ? raw + (qc < K ? qc : T * K + qc - K) : raw + 2 * T * K + (c - s.S);
+  const int stride = qk ? K : nc;
+  const int row0 = static_cast<int>(f.L) - (kW - 1) - s.first;
+  for (int t = 0; t < T; ++t) {
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = b[i];
+#pragma unroll
+    for (int k = 0; k < kW; ++k) {
+      float x[8];
+      unpack8(win[(row0 + t + k) * G + g], dt, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = fmaf(tw[i * kW + k], x[i], acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float y = acc[i] / (1.f + expf(-acc[i]));
+      if (qk) {
+        for (int r = 0; r < s.C; ++r) st_cluster_f32(dst + t * stride + i, static_cast<unsigned>(r), y);
+      } else {
+        dst[t * stride + i] = y;
+      }
+    }
+  }
+}
+
+template <int NT, bool kNorm>
+__device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
+                                               const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc, int T) {
+  const Problem& p = f.step;
+  const int64_t h = hv / (p.HV / p.H);
+  const unsigned rank = cluster_rank();
+  const int G = s.own / 8;
+  fused_wait_started();
+  for (int g = threadIdx.x; g < G; g += NT) {
+    if (fused_channel(p, s, rank, g * 8, h, hv, c0) < 0) continue;
+    switch (f.W) {
+      case 2:
+        fused_conv_vec_group<2>(f, s, sm, fs, g, nc, T, rank);
+        break;
+      case 3:
+        fused_conv_vec_group<3>(f, s, sm, fs, g, nc, T, rank);
+        break;
+      default:
+        fused_conv_vec_group<4>(f, s, sm, fs, g, nc, T, rank);
+        break;
+    }
+  }
+  if constexpr (kNorm) {
+    for (int e = threadIdx.x; e < T * nc; e += NT) {
+      const int t = e / nc;
+      const int64_t col = c0 + e % nc < p.V ? c0 + e % nc : p.V - 1;
+      const float w = ld_f32(f.norm_weight.data, f.norm_weight.dtype, col * f.norm_weight.s[0]);
+      float g = 1.f;
+      if (f.z.data != nullptr) {
+        const float z = ld_f32(f.z.data, f.z.dtype, n * f.z.s[0] + t * f.z.s[1] + hv * f.z.s[2] + col * f.z.s[3]);
+        g = z / (1.f + expf(-z));
+      }
+      fs.zw[e] = w * g;
+    }
+  }
+}
+
+// The conv state after each stored token (and conv_inter) for the thread's groups: 16-byte
+// copies of window rows (the conv state and mixed_qkv share the dtype).
+template <int NT>
+__device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, const FusedShare& s, const FusedSmem& fs,
+                                                     int64_t n, int64_t hv, int64_t c0, int T) {
+  const Problem& p = f.step;
+  const int L = static_cast<int>(f.L), G = s.own / 8;
+  const int64_t h = hv / (p.HV / p.H);
+  const unsigned rank = cluster_rank();
+  const uint4* const win = reinterpret_cast<const uint4*>(fs.win);
+  const bool inter = f.conv_inter.data != nullptr;
+  for (int g = threadIdx.x; g < G; g += NT) {
+    const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
+    if (d < 0) continue;
+    for (int t = 0; t < T; ++t) {
+      const int64_t ws = fs.ws[t];
+      if (ws < 0 && !inter) continue;
+      char* const cs = static_cast<char*>(f.conv_state.data) + (ws * f.conv_state.s[0] + d) * 2;
+      char* const ci = static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d) * 2;
+      for (int j = 0; j < L; ++j) {
+        const Packed<__half> v{win[(t + 1 + j - s.first) * G + g]};
+        if (ws >= 0) store_state_vec<__half, true>(reinterpret_cast<__half*>(cs + j * f.conv_state.s[2] * 2), v);
+        if (inter) store_state_vec<__half, true>(reinterpret_cast<__half*>(ci + j * f.conv_inter.s[3] * 2), v);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // The epilogue: the conv state after each stored token (and conv_inter) for the block's own
 // channels, from the windows — column j after token t is window entry t + 1 + j; then with
 // the norm, the tiles' sums of squares exchanged and o = o * rsqrt(mean_V(o^2) + eps) *
@@ -256,7 +426,7 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
 template <int NT, bool kNorm>
 __device__ __forceinline__ void fused_finish(const FusedProblem& f, const FusedShare& s, const FusedSmem& fs,
                                              const WarpSlots& slots, int64_t n, int64_t hv, int tile, int tiles,
-                                             int64_t c0, int nc, int T) {
+                                             int64_t c0, int nc, int T, bool vec) {
   const Problem& p = f.step;
   const int L = static_cast<int>(f.L);
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -283,9 +453,11 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const FusedS
   }
   __syncthreads();  // fs.ws
 
+  if (vec) {
+    fused_conv_vec_store<NT>(f, s, fs, n, hv, c0, T);
+  } else {
   const int64_t h = hv / (p.HV / p.H);
   const bool inter = f.conv_inter.data != nullptr;
-  const int lc = L - s.first;
   for (int c = threadIdx.x; c < s.own; c += NT) {
     const int64_t d = fused_channel(p, s, rank, c, h, hv, c0);
     if (d < 0) continue;
@@ -305,7 +477,7 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const FusedS
       }
     }
   }
-  (void)lc;
+  }
 
   if constexpr (kNorm) {
     cluster_sync();  // every tile's sums are in every tile of the head

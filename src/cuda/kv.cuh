@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   if constexpr (Fz::kOn) {
     share = fused_share(K, static_cast<int>(p.HV / p.H), geo.tiles, VT, static_cast<int>(prm.L),
                         static_cast<int>(prm.W), T);
-    fs = carve_fused(share, sm.v + sm.chunk * VT, T, VT, Fz::kNorm);
+    fs = carve_fused(share, sm.v + sm.chunk * VT, T, VT, static_cast<int>(prm.W), Fz::kNorm);
   }
 
   const int tid = threadIdx.x;
@@ -346,6 +346,12 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     finish_padded_row<NT>(p, slots, n, hv, tile, c0, VT);
     return;
   }
+  if constexpr (Fz::kOn) {  // the conv's inputs first: small, and needed first
+    if (geo.conv_vec) {
+      fused_conv_vec_issue<NT>(prm, share, fs, n, hv, c0, T, slots.read);
+      cp_async_commit();
+    }
+  }
 
   const int64_t ss0 = p.state.s[0], ss1 = p.state.s[1], ss2 = p.state.s[2];
   S* const state = static_cast<S*>(p.state.data);
@@ -365,7 +371,12 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
   stage_gates_store<NT>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
-    fused_conv<NT, Fz::kNorm>(prm, share, sm, fs, n, hv, c0, VT, T, slots.read);
+    if (geo.conv_vec) {
+      cp_async_wait_group<1>();  // this thread's conv inputs landed (the state may still be in flight)
+      fused_conv_vec<NT, Fz::kNorm>(prm, share, sm, fs, n, hv, c0, VT, T);
+    } else {
+      fused_conv<NT, Fz::kNorm>(prm, share, sm, fs, n, hv, c0, VT, T, slots.read);
+    }
     cluster_sync();  // every slice's q/k outputs are in every block of the cluster (fused.cuh)
     stage_convert_t<K, NT, float, false>(p, geo, sm, T, VT, typename Sh::Pos{});
   } else {
@@ -444,7 +455,8 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
       }
     }
   }
-  if constexpr (Fz::kOn) fused_finish<NT, Fz::kNorm>(prm, share, fs, slots, n, hv, tile, geo.tiles, c0, VT, T);
+  if constexpr (Fz::kOn)
+    fused_finish<NT, Fz::kNorm>(prm, share, fs, slots, n, hv, tile, geo.tiles, c0, VT, T, geo.conv_vec);
 }
 
 template <typename S, int K>

@@ -492,6 +492,12 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     finish_padded_row<kVkThreads>(p, slots, n, hv, bc.tile, row0, RT);
     return false;
   }
+  if constexpr (Fz::kOn) {  // the conv's inputs first: small, and needed first
+    if (geo.conv_vec) {
+      fused_conv_vec_issue<kVkThreads>(prm, *share, *fs, n, hv, row0, T, slots.read);
+      cp_async_commit();
+    }
+  }
 
   {
     const S* src = static_cast<const S*>(p.state.data) + slots.read * p.state.s[0] +
@@ -511,7 +517,12 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
 
   stage_gates_store<kVkThreads>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
-    fused_conv<kVkThreads, Fz::kNorm>(prm, *share, sm, *fs, n, hv, row0, RT, T, slots.read);
+    if (geo.conv_vec) {
+      cp_async_wait_group<1>();  // this thread's conv inputs landed (the state may still be in flight)
+      fused_conv_vec<kVkThreads, Fz::kNorm>(prm, *share, sm, *fs, n, hv, row0, RT, T);
+    } else {
+      fused_conv<kVkThreads, Fz::kNorm>(prm, *share, sm, *fs, n, hv, row0, RT, T, slots.read);
+    }
     cluster_sync();  // every slice's q/k outputs are in every block of the cluster (fused.cuh)
     stage_convert_t<K, kVkThreads, float, false>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
   } else if constexpr (!kDirect) {  // direct: the compute threads read the raw inputs
@@ -547,7 +558,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   if constexpr (Fz::kOn) {
     share = fused_share(K, static_cast<int>(p.HV / p.H), geo.tiles, RT, static_cast<int>(prm.L),
                         static_cast<int>(prm.W), static_cast<int>(p.T));
-    fs = carve_fused(share, sm.v + sm.chunk * RT, static_cast<int>(p.T), RT, Fz::kNorm);
+    fs = carve_fused(share, sm.v + sm.chunk * RT, static_cast<int>(p.T), RT, static_cast<int>(prm.W), Fz::kNorm);
   }
 
   const int tid = threadIdx.x;
@@ -595,7 +606,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     }
   }
   if constexpr (Fz::kOn)
-    fused_finish<kVkThreads, Fz::kNorm>(prm, share, fs, slots, n, hv, tile, geo.tiles, row0, RT, T);
+    fused_finish<kVkThreads, Fz::kNorm>(prm, share, fs, slots, n, hv, tile, geo.tiles, row0, RT, T, geo.conv_vec);
 }
 
 }  // namespace gdn::detail::cuda
