@@ -154,6 +154,7 @@ double copy_ceiling_tbs(cudaStream_t s) {
 
 struct Options {
   std::string op = "decode";
+  bool fused_norm = true;  // the fused rows' gated RMSNorm (--fused-norm)
   std::string model = "all", state = "all", mode = "all", layout = "default";
   std::string cache = "all", update = "all";
   std::vector<int> T, B;
@@ -287,8 +288,10 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
     static_cast<gdn::StepArgs&>(fbase) = static_cast<const gdn::StepArgs&>(base);
     fbase.mixed_qkv = gdn::make_view(x, gdn::kBFloat16, dl, {B, T, D});
     fbase.conv_weight = gdn::make_view(cw, gdn::kBFloat16, dl, {D, kConvW});
-    fbase.z = gdn::make_view(z, gdn::kBFloat16, dl, {B, T, HV, V});
-    fbase.norm_weight = gdn::make_view(nw, gdn::kBFloat16, dl, {V});
+    if (opt.fused_norm) {
+      fbase.z = gdn::make_view(z, gdn::kBFloat16, dl, {B, T, HV, V});
+      fbase.norm_weight = gdn::make_view(nw, gdn::kBFloat16, dl, {V});
+    }
   }
   for (int64_t i = 0; i < N; ++i) {
     gdn::DecodeArgs args = base;
@@ -617,6 +620,7 @@ int bench_main(const Options& opt) {
                       {"us", r.us},
                       {"TBs", r.tbs},
                       {"floor_us", r.floor_us}});
+      if (c.fused) rows.back()["norm"] = opt.fused_norm;
       if (r.copy_us >= 0) rows.back()["copy_us"] = r.copy_us;
     }
     j["rows"] = rows;
@@ -638,6 +642,8 @@ void add_bench_command(CLI::App& app) {
                   "decode | fused | all: gdn::decode, or gdn::fused_decode (conv W = 4, bf16 conv pool in "
                   "vLLM's [P, L, D] memory, gated RMSNorm on)")
       ->check(CLI::IsMember({"decode", "fused", "all"}));
+  cmd->add_option("--fused-norm", opt->fused_norm, "the fused rows' gated RMSNorm (true | false)")
+      ->capture_default_str();
   cmd->add_option("--model", opt->model, "qwen3-next | qwen3.5 | all")
       ->check(CLI::IsMember({"qwen3-next", "qwen3.5", "all"}));
   cmd->add_option("--state", opt->state, "fp32 | bf16 | all")->check(CLI::IsMember({"fp32", "bf16", "all"}));

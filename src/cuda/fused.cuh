@@ -89,6 +89,20 @@ __device__ __forceinline__ void st_cluster_f32(float* local, unsigned rank, floa
 #endif
 }
 
+__device__ __forceinline__ void st_cluster_f32x4(float* local, unsigned rank, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w)
+               : "memory");
+#else
+  (void)rank;
+  *reinterpret_cast<float4*>(local) = v;
+#endif
+}
+
 // A value of a run-time dtype (one of the fused step's float tensors) as fp32.
 __device__ __forceinline__ float ld_f32(const void* base, DType dt, int64_t off) {
   return bits_to_f32(load_bits(base, dt, off), dt);
@@ -170,6 +184,56 @@ __device__ __forceinline__ int64_t fused_channel(const Problem& p, const FusedSh
   return j >= p.V ? -1 : 2 * p.H * K + hv * p.V + j;
 }
 
+// The block's q/k slice of conv outputs (written locally into the raw staging area) into every
+// other block of the cluster, all threads sharing the stores, 16 bytes at a time where the slice
+// allows it. The caller syncs the block before (the outputs are complete) and the cluster after.
+template <int NT>
+__device__ __forceinline__ void fused_push_slice(const Problem& p, const FusedShare& s, const StageSmem& sm, int T) {
+  if (s.C == 1) return;
+  const int K = static_cast<int>(p.K);
+  const unsigned rank = cluster_rank();
+  const int first = static_cast<int>(rank) * s.S;
+  const int count = first + s.S <= 2 * K ? s.S : 2 * K - first;  // the last slice may be short
+  if (count <= 0) return;
+  float* const raw = reinterpret_cast<float*>(sm.raw);
+  // A slice never straddles the q/k boundary when S divides K (C a power of two); otherwise
+  // the scalar loop below takes it element by element.
+  const bool vec = count % 4 == 0 && (first < K) == (first + count - 1 < K);
+  const int per = vec ? count / 4 : count;  // stores per token and rank
+  const int items = T * per * (s.C - 1);
+  for (int i = threadIdx.x; i < items; i += NT) {
+    const int e = i % per, rest = i / per, t = rest % T, r = rest / T;
+    const unsigned to = static_cast<unsigned>(r) < rank ? static_cast<unsigned>(r) : static_cast<unsigned>(r) + 1;
+    if (vec) {
+      const int qc = first + 4 * e;
+      float* const at = raw + (qc < K ? qc : T * K + qc - K) + t * K;
+      st_cluster_f32x4(at, to, *reinterpret_cast<const float4*>(at));
+    } else {
+      const int qc = first + e;
+      float* const at = raw + (qc < K ? qc : T * K + qc - K) + t * K;
+      st_cluster_f32(at, to, *at);
+    }
+  }
+}
+
+// zw = norm_weight * silu(z) of the block's outputs [T][nc] (columns past V clamp to V - 1).
+template <int NT>
+__device__ __forceinline__ void fused_norm_gate(const FusedProblem& f, const FusedSmem& fs, int64_t n, int64_t hv,
+                                                int64_t c0, int nc, int T) {
+  const int64_t V = f.step.V;
+  for (int e = threadIdx.x; e < T * nc; e += NT) {
+    const int t = e / nc;
+    const int64_t col = c0 + e % nc < V ? c0 + e % nc : V - 1;
+    const float w = ld_f32(f.norm_weight.data, f.norm_weight.dtype, col * f.norm_weight.s[0]);
+    float g = 1.f;
+    if (f.z.data != nullptr) {
+      const float z = ld_f32(f.z.data, f.z.dtype, n * f.z.s[0] + t * f.z.s[1] + hv * f.z.s[2] + col * f.z.s[3]);
+      g = z / (1.f + expf(-z));
+    }
+    fs.zw[e] = w * g;
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // The prologue: every block channel's window (the read slot's columns first..L-1 and the T
 // new inputs) into shared memory, the conv and SiLU, the outputs into the raw staging area
@@ -187,7 +251,7 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
   const unsigned rank = cluster_rank();
   float* const raw = reinterpret_cast<float*>(sm.raw);
   const int lc = L - s.first;
-  fused_wait_started();
+  fused_wait_started();  // the push below writes into the other blocks
   for (int c = threadIdx.x; c < s.own; c += NT) {
     const int64_t d = fused_channel(p, s, rank, c, h, hv, c0);
     if (d < 0) continue;
@@ -229,27 +293,12 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
 #pragma unroll
       for (int k = 0; k < kMaxConvW; ++k)
         if (k < W) acc = fmaf(w[k], win[(row0 + t + k) * s.own], acc);
-      const float y = acc / (1.f + expf(-acc));
-      if (qk) {
-        for (int b = 0; b < s.C; ++b) st_cluster_f32(dst + t * stride, static_cast<unsigned>(b), y);
-      } else {
-        dst[t * stride] = y;
-      }
+      dst[t * stride] = acc / (1.f + expf(-acc));
     }
   }
-  if constexpr (kNorm) {
-    for (int e = threadIdx.x; e < T * nc; e += NT) {
-      const int t = e / nc;
-      const int64_t col = c0 + e % nc < p.V ? c0 + e % nc : p.V - 1;
-      const float w = ld_f32(f.norm_weight.data, f.norm_weight.dtype, col * f.norm_weight.s[0]);
-      float g = 1.f;
-      if (f.z.data != nullptr) {
-        const float z = ld_f32(f.z.data, f.z.dtype, n * f.z.s[0] + t * f.z.s[1] + hv * f.z.s[2] + col * f.z.s[3]);
-        g = z / (1.f + expf(-z));
-      }
-      fs.zw[e] = w * g;
-    }
-  }
+  if constexpr (kNorm) fused_norm_gate<NT>(f, fs, n, hv, c0, nc, T);
+  __syncthreads();  // the slice's outputs are complete
+  fused_push_slice<NT>(p, s, sm, T);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -301,56 +350,46 @@ __device__ __forceinline__ void fused_conv_vec_issue(const FusedProblem& f, cons
   }
 }
 
-// The conv and SiLU of the thread's groups once their inputs landed (the issuing thread's own
-// cp.async, waited for by the caller), as fused_conv writes them.
+// The conv and SiLU of group g (8 channels) at token t, into the raw staging area of this
+// block, once the inputs landed.
 template <int kW>
-__device__ __forceinline__ void fused_conv_vec_group(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
-                                                     const FusedSmem& fs, int g, int nc, int T, unsigned rank) {
-  const Problem& p = f.step;
-  const int K = static_cast<int>(p.K), G = s.own / 8;
+__device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
+                                                    const FusedSmem& fs, int g, int t, int nc, int T, unsigned rank) {
+  const int K = static_cast<int>(f.step.K), G = s.own / 8;
   const DType dt = f.x.dtype;
   const uint4* const win = reinterpret_cast<const uint4*>(fs.win);
   const uint4* const taps = win + s.wl * G;
-  float tw[8 * kW];  // channel ch's taps at [ch * kW, +kW)
+  float tw[8 * kW];  // channel i's taps at [i * kW, +kW)
 #pragma unroll
   for (int k = 0; k < kW; ++k) unpack8(taps[g * kW + k], dt, tw + 8 * k);
-  float b[8];
+  float acc[8];
   if (f.conv_bias.data != nullptr) {
-    unpack8((taps + G * kW)[g], dt, b);
+    unpack8((taps + G * kW)[g], dt, acc);
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) b[i] = 0.f;
+    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
   }
+  const int row0 = static_cast<int>(f.L) - (kW - 1) - s.first + t;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) {
+    float x[8];
+    unpack8(win[(row0 + k) * G + g], dt, x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = fmaf(tw[i * kW + k], x[i], acc[i]);
+  }
+  float y[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) y[i] = acc[i] / (1.f + expf(-acc[i]));
   const int c = g * 8;
-  const bool qk = c < s.S;
   const int qc = static_cast<int>(rank) * s.S + c;
   float* const raw = reinterpret_cast<float*>(sm.raw);
-  float* const dst = qk ? raw + (qc < K ? qc : T * K + qc - K) : raw + 2 * T * K + (c - s.S);
-  const int stride = qk ? K : nc;
-  const int row0 = static_cast<int>(f.L) - (kW - 1) - s.first;
-  for (int t = 0; t < T; ++t) {
-    float acc[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = b[i];
-#pragma unroll
-    for (int k = 0; k < kW; ++k) {
-      float x[8];
-      unpack8(win[(row0 + t + k) * G + g], dt, x);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = fmaf(tw[i * kW + k], x[i], acc[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float y = acc[i] / (1.f + expf(-acc[i]));
-      if (qk) {
-        for (int r = 0; r < s.C; ++r) st_cluster_f32(dst + t * stride + i, static_cast<unsigned>(r), y);
-      } else {
-        dst[t * stride + i] = y;
-      }
-    }
-  }
+  float* const dst = c < s.S ? raw + (qc < K ? qc : T * K + qc - K) + t * K : raw + 2 * T * K + t * nc + (c - s.S);
+  reinterpret_cast<float4*>(dst)[0] = make_float4(y[0], y[1], y[2], y[3]);
+  reinterpret_cast<float4*>(dst)[1] = make_float4(y[4], y[5], y[6], y[7]);
 }
 
+// One item per (group, token), over all threads. The caller has waited for its own cp.async
+// group; the barrier here makes every thread's landed inputs visible to all.
 template <int NT, bool kNorm>
 __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
                                                const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc, int T) {
@@ -358,34 +397,28 @@ __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const Fuse
   const int64_t h = hv / (p.HV / p.H);
   const unsigned rank = cluster_rank();
   const int G = s.own / 8;
-  fused_wait_started();
-  for (int g = threadIdx.x; g < G; g += NT) {
+  __syncthreads();
+  fused_wait_started();  // the push below writes into the other blocks
+  for (int item = threadIdx.x; item < G * T; item += NT) {
+    const int g = item % G, t = item / G;
     if (fused_channel(p, s, rank, g * 8, h, hv, c0) < 0) continue;
-    switch (f.W) {
-      case 2:
-        fused_conv_vec_group<2>(f, s, sm, fs, g, nc, T, rank);
-        break;
-      case 3:
-        fused_conv_vec_group<3>(f, s, sm, fs, g, nc, T, rank);
-        break;
-      default:
-        fused_conv_vec_group<4>(f, s, sm, fs, g, nc, T, rank);
-        break;
-    }
-  }
-  if constexpr (kNorm) {
-    for (int e = threadIdx.x; e < T * nc; e += NT) {
-      const int t = e / nc;
-      const int64_t col = c0 + e % nc < p.V ? c0 + e % nc : p.V - 1;
-      const float w = ld_f32(f.norm_weight.data, f.norm_weight.dtype, col * f.norm_weight.s[0]);
-      float g = 1.f;
-      if (f.z.data != nullptr) {
-        const float z = ld_f32(f.z.data, f.z.dtype, n * f.z.s[0] + t * f.z.s[1] + hv * f.z.s[2] + col * f.z.s[3]);
-        g = z / (1.f + expf(-z));
+    {
+      switch (f.W) {
+        case 2:
+          fused_conv_vec_item<2>(f, s, sm, fs, g, t, nc, T, rank);
+          break;
+        case 3:
+          fused_conv_vec_item<3>(f, s, sm, fs, g, t, nc, T, rank);
+          break;
+        default:
+          fused_conv_vec_item<4>(f, s, sm, fs, g, t, nc, T, rank);
+          break;
       }
-      fs.zw[e] = w * g;
     }
   }
+  if constexpr (kNorm) fused_norm_gate<NT>(f, fs, n, hv, c0, nc, T);
+  __syncthreads();  // the slice's outputs are complete
+  fused_push_slice<NT>(p, s, sm, T);
 }
 
 // The conv state after each stored token (and conv_inter) for the thread's groups: 16-byte
