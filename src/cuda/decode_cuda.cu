@@ -227,7 +227,7 @@ bool fused_conv_vec_ok(const FusedProblem& f, int tiles) {
 // with an opt-in (allow_big_cluster), given at most ~110 KB of shared memory per block so that
 // two blocks fit an SM and a cluster fits one GPC.
 constexpr int kMaxFusedCluster = 16;
-constexpr size_t kBigClusterSmemMax = 110 * 1024;
+constexpr size_t kBigClusterSmemMax = 200 * 1024;
 
 constexpr size_t kTileSmemMax = 200 * 1024;  // under the 227 KB opt-in maximum of sm_90
 

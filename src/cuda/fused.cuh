@@ -296,7 +296,6 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
       dst[t * stride] = acc / (1.f + expf(-acc));
     }
   }
-  if constexpr (kNorm) fused_norm_gate<NT>(f, fs, n, hv, c0, nc, T);
   __syncthreads();  // the slice's outputs are complete
   fused_push_slice<NT>(p, s, sm, T);
 }
@@ -325,11 +324,13 @@ __device__ __forceinline__ void unpack8(uint4 u, DType dt, float* out) {
   }
 }
 
-// Issues the block's conv inputs (cp.async, in the caller's group).
+// Issues the block's conv inputs by cp.async (in the caller's groups), in two parts: what does
+// not depend on the row's slot (the new inputs, taps and bias) before the slot is known, the
+// read slot's conv columns after.
 template <int NT>
-__device__ __forceinline__ void fused_conv_vec_issue(const FusedProblem& f, const FusedShare& s,
-                                                     const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int T,
-                                                     int64_t slot) {
+__device__ __forceinline__ void fused_conv_vec_issue_inputs(const FusedProblem& f, const FusedShare& s,
+                                                            const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0,
+                                                            int T) {
   const Problem& p = f.step;
   const int W = static_cast<int>(f.W), lc = static_cast<int>(f.L) - s.first, G = s.own / 8;
   const int64_t h = hv / (p.HV / p.H);
@@ -340,13 +341,28 @@ __device__ __forceinline__ void fused_conv_vec_issue(const FusedProblem& f, cons
   for (int g = threadIdx.x; g < G; g += NT) {
     const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
     if (d < 0) continue;  // a whole group: slices, tiles and heads are multiples of 8 channels
-    const char* const cs = static_cast<const char*>(f.conv_state.data) + (slot * f.conv_state.s[0] + d) * 2;
-    for (int j = 0; j < lc; ++j) cp_async16(win + j * G + g, cs + (s.first + j) * f.conv_state.s[2] * 2);
     const char* const xs = static_cast<const char*>(f.x.data) + (n * f.x.s[0] + d) * 2;
     for (int t = 0; t < T; ++t) cp_async16(win + (lc + t) * G + g, xs + t * f.x.s[1] * 2);
     const char* const ws = static_cast<const char*>(f.conv_weight.data) + d * W * 2;
     for (int k = 0; k < W; ++k) cp_async16(taps + g * W + k, ws + k * 16);
     if (f.conv_bias.data != nullptr) cp_async16(bias + g, static_cast<const char*>(f.conv_bias.data) + d * 2);
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void fused_conv_vec_issue_state(const FusedProblem& f, const FusedShare& s,
+                                                           const FusedSmem& fs, int64_t hv, int64_t c0,
+                                                           int64_t slot) {
+  const Problem& p = f.step;
+  const int lc = static_cast<int>(f.L) - s.first, G = s.own / 8;
+  const int64_t h = hv / (p.HV / p.H);
+  const unsigned rank = cluster_rank();
+  uint4* const win = reinterpret_cast<uint4*>(fs.win);
+  for (int g = threadIdx.x; g < G; g += NT) {
+    const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
+    if (d < 0) continue;
+    const char* const cs = static_cast<const char*>(f.conv_state.data) + (slot * f.conv_state.s[0] + d) * 2;
+    for (int j = 0; j < lc; ++j) cp_async16(win + j * G + g, cs + (s.first + j) * f.conv_state.s[2] * 2);
   }
 }
 
@@ -416,7 +432,6 @@ __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const Fuse
       }
     }
   }
-  if constexpr (kNorm) fused_norm_gate<NT>(f, fs, n, hv, c0, nc, T);
   __syncthreads();  // the slice's outputs are complete
   fused_push_slice<NT>(p, s, sm, T);
 }

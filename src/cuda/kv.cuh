@@ -334,8 +334,11 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   pdl_wait();
   pdl_launch_dependents();
 
-  if constexpr (!Fz::kOn) {  // the fused step's conv loads its inputs itself, once the slot is known
+  if constexpr (!Fz::kOn) {
     stage_issue<NT>(p, geo, sm, n, 0, T, hv, c0, VT);
+    cp_async_commit();
+  } else if (geo.conv_vec) {
+    fused_conv_vec_issue_inputs<NT>(prm, share, fs, n, hv, c0, T);
     cp_async_commit();
   }
   const GateInputs gates = stage_gates_load<NT>(p, n, 0, T, hv);
@@ -346,9 +349,9 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     finish_padded_row<NT>(p, slots, n, hv, tile, c0, VT);
     return;
   }
-  if constexpr (Fz::kOn) {  // the conv's inputs first: small, and needed first
+  if constexpr (Fz::kOn) {  // the conv's state columns first: small, and needed first
     if (geo.conv_vec) {
-      fused_conv_vec_issue<NT>(prm, share, fs, n, hv, c0, T, slots.read);
+      fused_conv_vec_issue_state<NT>(prm, share, fs, hv, c0, slots.read);
       cp_async_commit();
     }
   }
@@ -371,6 +374,8 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
   stage_gates_store<NT>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
+    // The norm's gate while the conv inputs land (its loads overlap theirs).
+    if constexpr (Fz::kNorm) fused_norm_gate<NT>(prm, fs, n, hv, c0, VT, T);
     if (geo.conv_vec) {
       cp_async_wait_group<1>();  // this thread's conv inputs landed (the state may still be in flight)
       fused_conv_vec<NT, Fz::kNorm>(prm, share, sm, fs, n, hv, c0, VT, T);

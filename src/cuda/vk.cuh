@@ -483,6 +483,9 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   if constexpr (!Fz::kOn) {
     stage_issue<kVkThreads>(p, geo, sm, n, 0, T, hv, row0, RT);
     cp_async_commit();
+  } else if (geo.conv_vec) {
+    fused_conv_vec_issue_inputs<kVkThreads>(prm, *share, *fs, n, hv, row0, T);
+    cp_async_commit();
   }
   const GateInputs gates = stage_gates_load<kVkThreads>(p, n, 0, T, hv);
 
@@ -492,9 +495,9 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     finish_padded_row<kVkThreads>(p, slots, n, hv, bc.tile, row0, RT);
     return false;
   }
-  if constexpr (Fz::kOn) {  // the conv's inputs first: small, and needed first
+  if constexpr (Fz::kOn) {  // the conv's state columns first: small, and needed first
     if (geo.conv_vec) {
-      fused_conv_vec_issue<kVkThreads>(prm, *share, *fs, n, hv, row0, T, slots.read);
+      fused_conv_vec_issue_state<kVkThreads>(prm, *share, *fs, hv, row0, slots.read);
       cp_async_commit();
     }
   }
@@ -517,6 +520,8 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
 
   stage_gates_store<kVkThreads>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
+    // The norm's gate while the conv inputs land (its loads overlap theirs).
+    if constexpr (Fz::kNorm) fused_norm_gate<kVkThreads>(prm, *fs, n, hv, row0, RT, T);
     if (geo.conv_vec) {
       cp_async_wait_group<1>();  // this thread's conv inputs landed (the state may still be in flight)
       fused_conv_vec<kVkThreads, Fz::kNorm>(prm, *share, sm, *fs, n, hv, row0, RT, T);
