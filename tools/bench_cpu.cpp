@@ -10,6 +10,7 @@
 // copy (hot, as they come from the previous layer). Rows report state GB/s: state bytes read
 // + written (valid rows only; + the intermediate cache) over the median per-call time, and
 // that as a percentage of the copy bandwidth (the floor is those bytes at the copy rate).
+#include <sys/resource.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -72,6 +73,9 @@ struct Result {
   int64_t valid = 0;  // rows that are not padding
   int sets = 0;       // state sets rotated over
   double us = 0, gbs = 0, floor_us = 0;
+  // CPU time of the process per call over wall time x threads, in the median repetition:
+  // near 1 when the threads had the cores to themselves (a shared machine shows less).
+  double busy = 0;
 };
 
 #ifdef _OPENMP
@@ -85,10 +89,11 @@ int thread_num() { return 0; }
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+// CPU time of the process (every thread), seconds.
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 // Page-aligned host memory, released on scope exit.
@@ -151,13 +156,14 @@ std::string cpu_name() {
   return "unknown CPU";
 }
 
-// Copy bandwidth over `threads` threads: read + written bytes over the median time.
-double copy_gbs(size_t llc) {
+// Copy bandwidth over `threads` threads: read + written bytes over the median time. *busy as
+// in Result.
+double copy_gbs(size_t llc, double* busy) {
   const size_t bytes = std::max<size_t>(size_t{512} << 20, 16 * llc);
   Buffer a(bytes), b(bytes);
   const int threads = max_threads();
   const size_t share = (bytes / threads) / 4096 * 4096;
-  std::vector<double> ts;
+  std::vector<std::pair<double, double>> ts;
 #pragma omp parallel num_threads(threads)
   {
     const size_t off = thread_num() * share;
@@ -165,15 +171,19 @@ double copy_gbs(size_t llc) {
     std::memset(b.get() + off, 0, share);
   }
   for (int rep = 0; rep < 8; ++rep) {
+    const double c0 = process_cpu_seconds();
     const auto t0 = Clock::now();
 #pragma omp parallel num_threads(threads)
     {
       const size_t off = thread_num() * share;
       std::memcpy(b.get() + off, a.get() + off, share);
     }
-    if (rep > 0) ts.push_back(seconds_since(t0));
+    const double wall = seconds_since(t0);
+    if (rep > 0) ts.emplace_back(wall, (process_cpu_seconds() - c0) / (wall * threads));
   }
-  return 2.0 * static_cast<double>(share * threads) / median(ts) / 1e9;
+  std::sort(ts.begin(), ts.end());
+  *busy = ts[ts.size() / 2].second;
+  return 2.0 * static_cast<double>(share * threads) / ts[ts.size() / 2].first / 1e9;
 }
 
 // The tensors of one configuration: one copy of the inputs, N state sets.
@@ -300,14 +310,18 @@ Result run_config(const Config& c, const BenchOptions& opt, size_t llc, double c
   const double est = seconds_since(t0) / N;
   // At least 50 ms per repetition, and every set once.
   const int64_t calls = std::max<int64_t>(N, static_cast<int64_t>(std::ceil(0.05 / std::max(est, 1e-7))));
-  std::vector<double> per_call;
+  std::vector<std::pair<double, double>> per_call;  // wall, busy
   int64_t at = 0;
   for (int rep = 0; rep < opt.reps; ++rep) {
+    const double c0 = process_cpu_seconds();
     const auto r0 = Clock::now();
     for (int64_t i = 0; i < calls; ++i, ++at) (void)decode(su.sets[at % N], nullptr);
-    per_call.push_back(seconds_since(r0) / calls);
+    const double wall = seconds_since(r0);
+    per_call.emplace_back(wall / calls, (process_cpu_seconds() - c0) / (wall * max_threads()));
   }
-  r.us = median(per_call) * 1e6;
+  std::sort(per_call.begin(), per_call.end());
+  r.us = per_call[per_call.size() / 2].first * 1e6;
+  r.busy = per_call[per_call.size() / 2].second;
   r.gbs = su.state_bytes / (r.us * 1e-6) / 1e9;
   return r;
 }
@@ -362,12 +376,13 @@ int cpu_bench_main(const BenchOptions& opt) {
   const int threads = max_threads();
   const size_t llc = llc_bytes();
   const std::string device = cpu_name();
-  const double copy0 = copy_gbs(llc);
+  double busy0 = 0, busy1 = 0;
+  const double copy0 = copy_gbs(llc, &busy0);
 
-  std::printf("device %s, %d threads, LLC %.0f MiB; copy %.2f GB/s (read + written)\n",
-              device.c_str(), threads, llc / 1048576.0, copy0);
-  std::printf("%-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s\n", "model", "state", "lay", "mode", "T",
-              "B", "cache", "update", "us", "GB/s", "%copy", "floor_us");
+  std::printf("device %s, %d threads, LLC %.0f MiB; copy %.2f GB/s (read + written, busy %.2f)\n",
+              device.c_str(), threads, llc / 1048576.0, copy0, busy0);
+  std::printf("%-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s %5s\n", "model", "state", "lay", "mode", "T",
+              "B", "cache", "update", "us", "GB/s", "%copy", "floor_us", "busy");
   const std::vector<Config> sweep = make_sweep(opt);
   std::vector<Result> results;
   int failures = 0;
@@ -379,9 +394,9 @@ int cpu_bench_main(const BenchOptions& opt) {
     try {
       const Result r = run_config(c, opt, llc, copy0, 1000 + i);
       results.push_back(r);
-      std::printf("%-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.1f %7.2f %5.1f%% %10.1f\n", c.model->name,
+      std::printf("%-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.1f %7.2f %5.1f%% %10.1f %5.2f\n", c.model->name,
                   state_name(c.state), c.layout_kv ? "KV" : "VK", mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off",
-                  c.update ? "on" : "off", r.us, r.gbs, 100.0 * r.gbs / copy0, r.floor_us);
+                  c.update ? "on" : "off", r.us, r.gbs, 100.0 * r.gbs / copy0, r.floor_us, r.busy);
       std::fflush(stdout);
     } catch (const std::exception& e) {
       ++failures;
@@ -390,8 +405,8 @@ int cpu_bench_main(const BenchOptions& opt) {
   }
   std::fprintf(stderr, "\n");
   // Again at the end: the machine may be shared, and a drift shows here.
-  const double copy1 = copy_gbs(llc);
-  std::printf("copy at the end %.2f GB/s\n", copy1);
+  const double copy1 = copy_gbs(llc, &busy1);
+  std::printf("copy at the end %.2f GB/s (busy %.2f)\n", copy1, busy1);
 
   if (!opt.json.empty()) {
     nlohmann::json j;
@@ -401,7 +416,9 @@ int cpu_bench_main(const BenchOptions& opt) {
     j["threads"] = threads;
     j["llc_bytes"] = llc;
     j["copy_GBs"] = copy0;
+    j["copy_busy"] = busy0;
     j["copy_GBs_end"] = copy1;
+    j["copy_busy_end"] = busy1;
     nlohmann::json rows = nlohmann::json::array();
     for (const Result& r : results) {
       const Config& c = r.c;
@@ -424,7 +441,8 @@ int cpu_bench_main(const BenchOptions& opt) {
                       {"us", r.us},
                       {"GBs", r.gbs},
                       {"pct_copy", 100.0 * r.gbs / copy0},
-                      {"floor_us", r.floor_us}});
+                      {"floor_us", r.floor_us},
+                      {"busy", r.busy}});
     }
     j["rows"] = rows;
     std::ofstream f(opt.json);
