@@ -12,12 +12,17 @@
 
 #include "../host_dtype.h"
 
+// GDN_CPU_X86=0 on the command line builds the portable kernels alone, as on other ISAs.
+#ifndef GDN_CPU_X86
 #if defined(__x86_64__) || defined(__i386__)
 #define GDN_CPU_X86 1
-#include <cpuid.h>
-#include <immintrin.h>
 #else
 #define GDN_CPU_X86 0
+#endif
+#endif
+#if GDN_CPU_X86
+#include <cpuid.h>
+#include <immintrin.h>
 #endif
 
 namespace gdn::detail::cpu {
