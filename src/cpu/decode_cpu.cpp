@@ -45,23 +45,10 @@ int64_t parts_per_head(const Problem& p) {
   return parts;
 }
 
-struct Items {
-  int64_t parts = 1;  // per head
-  int64_t width = 0;  // value indices per part
-  int64_t count = 0;
-
-  void locate(const Problem& p, int64_t item, int64_t* n, int64_t* hv, int64_t* v0) const {
-    const int64_t head = item / parts;
-    *n = head / p.HV;
-    *hv = head % p.HV;
-    *v0 = (item % parts) * width;
-  }
-};
-
-void run_item(const Problem& p, const Items& it, int64_t item, const cpu::Prefetch& next) {
-  int64_t n, hv, v0;
-  it.locate(p, item, &n, &hv, &v0);
-  const int64_t v1 = v0 + it.width;
+void run_item(const Problem& p, int64_t item, int64_t parts, int64_t width) {
+  const int64_t head = item / parts;
+  const int64_t n = head / p.HV, hv = head % p.HV;
+  const int64_t v0 = (item % parts) * width, v1 = v0 + width;
   const RowSlots rs = resolve_row(p, n);
   if (rs.read < 0) {
     cpu::zero_o(p, n, hv, v0, v1);
@@ -71,36 +58,25 @@ void run_item(const Problem& p, const Items& it, int64_t item, const cpu::Prefet
   for (int64_t t0 = 0; t0 < p.T; t0 += cpu::kMaxT) {
     const int64_t nt = std::min<int64_t>(cpu::kMaxT, p.T - t0);
     cpu::load_step_inputs(p, n, hv, t0, nt, w.in);
-    cpu::step_head(p, n, hv, rs, w.in, v0, v1, w.out, w.carry, next);
+    cpu::step_head(p, n, hv, rs, w.in, v0, v1, w.out, w.carry);
     cpu::store_o(p, n, hv, t0, nt, v0, v1, w.out);
   }
 }
 
-cpu::Prefetch item_prefetch(const Problem& p, const Items& it, int64_t item) {
-  if (item >= it.count) return {};
-  int64_t n, hv, v0;
-  it.locate(p, item, &n, &hv, &v0);
-  return cpu::head_prefetch(p, resolve_row(p, n).read, hv, v0, v0 + it.width);
-}
-
 void run_all(const Problem& p) {
-  Items it;
-  it.parts = parts_per_head(p);
-  it.width = p.V / it.parts;
-  it.count = p.B * p.HV * it.parts;
-  // Dynamic scheduling (padding rows cost nothing, so equal shares of items are not equal
-  // work), one item ahead: a thread takes its next item before running the current one and
-  // prefetches that item's state meanwhile.
-  std::atomic<int64_t> counter{0};
-#pragma omp parallel
-  {
-    int64_t item = counter.fetch_add(1, std::memory_order_relaxed);
-    while (item < it.count) {
-      const int64_t next = counter.fetch_add(1, std::memory_order_relaxed);
-      run_item(p, it, item, item_prefetch(p, it, next));
-      item = next;
-    }
-  }
+  const int64_t threads = max_threads();
+  const int64_t parts = parts_per_head(p);
+  const int64_t width = p.V / parts;
+  const int64_t items = p.B * p.HV * parts;
+  // Items in chunks of consecutive heads, up to a whole row (its slot's heads are adjacent in
+  // a compact pool), at least four chunks per thread, handed out dynamically (padding rows
+  // cost nothing, so equal shares are not equal work). A thread then streams through
+  // contiguous state: with one head at a time the two cores took alternate heads, the
+  // hardware prefetchers of each ran into its neighbour's head, and 16-bit states moved
+  // 23-27 GB/s instead of 35-38 (Qwen3-Next, 2 threads).
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(p.HV * parts, items / (4 * threads)));
+#pragma omp parallel for schedule(dynamic, chunk)
+  for (int64_t item = 0; item < items; ++item) run_item(p, item, parts, width);
 }
 
 // Slots written by row n (final or per-token), for the duplicate-write check.

@@ -42,14 +42,6 @@ void step_gates(const Problem& p, int64_t n, int64_t t, int64_t hv, float* g, fl
   *beta = 1.f / (1.f + std::exp(-b));
 }
 
-Prefetch head_prefetch(const Problem& p, int64_t slot, int64_t hv, int64_t v0, int64_t v1) {
-  if (slot < 0) return {};
-  const int64_t es = dtype_size(p.state.dtype);
-  const char* head = static_cast<const char*>(p.state.data) + (slot * p.state.s[0] + hv * p.state.s[1]) * es;
-  if (!p.layout_kv) return {head + v0 * p.state.s[2] * es, p.state.s[2] * es, v1 - v0, p.K * es};
-  return {head + v0 * es, p.state.s[2] * es, p.K, (v1 - v0) * es};
-}
-
 void zero_o(const Problem& p, int64_t n, int64_t hv, int64_t v0, int64_t v1) {
   const int es = dtype_size(p.o.dtype);
   for (int64_t t = 0; t < p.T; ++t) {
@@ -349,8 +341,8 @@ void normalize_qk(float* x, int64_t K, float scale, bool l2norm) {
 }
 
 void step_head(const Problem& p, int64_t n, int64_t hv, const RowSlots& rs, const StepInputs& in, int64_t v0,
-               int64_t v1, StepOutput& out, StepCarry& carry, const Prefetch& next) {
-  GDN_CPU_DISPATCH(step_head_impl, p, n, hv, rs, in, v0, v1, out, carry, next);
+               int64_t v1, StepOutput& out, StepCarry& carry) {
+  GDN_CPU_DISPATCH(step_head_impl, p, n, hv, rs, in, v0, v1, out, carry);
 }
 
 void store_o(const Problem& p, int64_t n, int64_t hv, int64_t t0, int64_t nt, int64_t v0, int64_t v1,

@@ -54,19 +54,6 @@ struct StepCarry {
   alignas(64) float s[kMaxDim * kMaxDim];
 };
 
-// State bytes to prefetch while a head runs (the next work item's head, so that its loads
-// overlap this head's arithmetic): `rows` rows of `row_bytes` bytes, `stride` bytes apart,
-// from `base`. Nothing when base is null.
-struct Prefetch {
-  const char* base = nullptr;
-  int64_t stride = 0;
-  int64_t rows = 0;
-  int64_t row_bytes = 0;
-};
-
-// The state of head hv of `slot`, value indices [v0, v1), as a Prefetch (nothing for slot < 0).
-Prefetch head_prefetch(const Problem& p, int64_t slot, int64_t hv, int64_t v0, int64_t v1);
-
 // Fills `in` for tokens [t0, t0 + nt) of (n, hv) from p.q, p.k, p.v (any strides, dtypes) and
 // the gates (raw or precomputed).
 void load_step_inputs(const Problem& p, int64_t n, int64_t hv, int64_t t0, int64_t nt, StepInputs& in);
@@ -79,10 +66,9 @@ void step_gates(const Problem& p, int64_t n, int64_t t, int64_t hv, float* g, fl
 
 // The recurrence for the tokens of `in` on value indices [v0, v1) of head hv of row n.
 // rs must be a valid row (rs.read >= 0). `carry` is read when in.t0 > 0 and written when
-// tokens remain after this block (in.t0 + in.nt < p.T); untouched otherwise. `next` is
-// prefetched along the way.
+// tokens remain after this block (in.t0 + in.nt < p.T); untouched otherwise.
 void step_head(const Problem& p, int64_t n, int64_t hv, const RowSlots& rs, const StepInputs& in,
-               int64_t v0, int64_t v1, StepOutput& out, StepCarry& carry, const Prefetch& next = {});
+               int64_t v0, int64_t v1, StepOutput& out, StepCarry& carry);
 
 // o[n, t0 + j, hv, v0..v1) <- out.o[j][v0..v1) in p.o's dtype (RNE), j < nt.
 void store_o(const Problem& p, int64_t n, int64_t hv, int64_t t0, int64_t nt, int64_t v0, int64_t v1,
