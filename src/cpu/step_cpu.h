@@ -49,9 +49,13 @@ struct StepOutput {
   alignas(64) float o[kMaxT][kMaxDim];
 };
 
-// The state of one head between token blocks (calls with T > kMaxT): [rows][cols] fp32.
+// Row stride of the KV layout's fp32 head tile in StepCarry (rows padded, see step_kernels.inc).
+constexpr int64_t kKvLd(int64_t V) { return V + 16; }
+
+// The state of one head between token blocks (calls with T > kMaxT), fp32: VK [V][K]; KV
+// K rows of kKvLd(V) floats (the KV tile path works in it for every T > 1).
 struct StepCarry {
-  alignas(64) float s[kMaxDim * kMaxDim];
+  alignas(64) float s[kMaxDim * kKvLd(kMaxDim)];
 };
 
 // Fills `in` for tokens [t0, t0 + nt) of (n, hv) from p.q, p.k, p.v (any strides, dtypes) and
