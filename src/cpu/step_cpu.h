@@ -4,8 +4,9 @@
 //
 //   1. inputs      StepInputs holds the block's per-token q, k (normalized, q scaled), v, g
 //                  and beta in fp32. Decode fills it with load_step_inputs (from p.q, p.k, p.v
-//                  and the gates). The fused step writes q, k, v from its conv instead, then
-//                  calls normalize_qk on q and k and takes g and beta from step_gates.
+//                  and the gates). The fused step sets t0 and nt, writes q, k, v from its conv
+//                  instead, then calls normalize_qk on q (p.scale) and k (1) and takes g and
+//                  beta from step_gates.
 //   2. recurrence  step_head runs the block's tokens over value indices [v0, v1) of the head:
 //                  it reads the state from slot rs.read (first block) or from the carry,
 //                  stores intermediate-cache entries and state slots where the contract says
@@ -40,7 +41,7 @@ struct StepInputs {
   alignas(64) float q[kMaxT][kMaxDim];     // q * rsqrt(sum q^2 + 1e-6) * scale (or q * scale)
   alignas(64) float k[kMaxT][kMaxDim];     // k * rsqrt(sum k^2 + 1e-6) (or k)
   alignas(64) float v[kMaxT][kMaxDim];
-  float g[kMaxT];     // decay in (0, 1]: exp(-exp(A_log) * softplus(a + dt_bias)), or exp(g_in)
+  float g[kMaxT];     // decay: exp(-exp(A_log) * softplus(a + dt_bias)), or exp(g_in)
   float beta[kMaxT];  // sigmoid(b), or beta_in
 };
 
@@ -69,8 +70,9 @@ void normalize_qk(float* x, int64_t K, float scale, bool l2norm);
 void step_gates(const Problem& p, int64_t n, int64_t t, int64_t hv, float* g, float* beta);
 
 // The recurrence for the tokens of `in` on value indices [v0, v1) of head hv of row n.
-// rs must be a valid row (rs.read >= 0). `carry` is read when in.t0 > 0 and written when
-// tokens remain after this block (in.t0 + in.nt < p.T); untouched otherwise.
+// rs must be a valid row (rs.read >= 0). `carry` holds the state between blocks (read when
+// in.t0 > 0, holding the state when tokens remain after this block) and is the KV tile path's
+// scratch for every T > 1. One carry per thread; the same thread runs a head's blocks.
 void step_head(const Problem& p, int64_t n, int64_t hv, const RowSlots& rs, const StepInputs& in,
                int64_t v0, int64_t v1, StepOutput& out, StepCarry& carry);
 
