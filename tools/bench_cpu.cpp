@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "cpu/step_cpu.h"
 #include "gdn/gdn.h"
 #include "host_dtype.h"
 
@@ -379,8 +380,8 @@ int cpu_bench_main(const BenchOptions& opt) {
   double busy0 = 0, busy1 = 0;
   const double copy0 = copy_gbs(llc, &busy0);
 
-  std::printf("device %s, %d threads, LLC %.0f MiB; copy %.2f GB/s (read + written, busy %.2f)\n",
-              device.c_str(), threads, llc / 1048576.0, copy0, busy0);
+  std::printf("device %s, %d threads, LLC %.0f MiB, %s kernels; copy %.2f GB/s (read + written, busy %.2f)\n",
+              device.c_str(), threads, llc / 1048576.0, detail::cpu::cpu_simd_name(), copy0, busy0);
   std::printf("%-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s %5s\n", "model", "state", "lay", "mode", "T",
               "B", "cache", "update", "us", "GB/s", "%copy", "floor_us", "busy");
   const std::vector<Config> sweep = make_sweep(opt);
@@ -415,6 +416,7 @@ int cpu_bench_main(const BenchOptions& opt) {
     j["date"] = today();
     j["threads"] = threads;
     j["llc_bytes"] = llc;
+    j["cpu_kernels"] = detail::cpu::cpu_simd_name();
     j["copy_GBs"] = copy0;
     j["copy_busy"] = busy0;
     j["copy_GBs_end"] = copy1;
