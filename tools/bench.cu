@@ -1,4 +1,4 @@
-// `gdn bench`: per-call time of gdn::decode on the GPU against the device-to-device copy
+// `gdn bench --device cuda`: per-call time of gdn::decode on the GPU against the device-to-device copy
 // ceiling measured in the same run.
 //
 // Method (shared/anchors.md): each configuration is captured into a CUDA graph of C calls
@@ -152,19 +152,8 @@ double copy_ceiling_tbs(cudaStream_t s) {
   return 2.0 * bytes / (median(ts) * 1e-3) / 1e12;
 }
 
-struct Options {
-  std::string op = "decode";
-  bool fused_norm = true;  // the fused rows' gated RMSNorm (--fused-norm)
-  std::string model = "all", state = "all", mode = "all", layout = "default";
-  std::string cache = "all", update = "all";
-  std::vector<int> T, B;
-  bool quick = false;
-  std::string json;
-  int calls = 20;
-  int reps = 5;
-  double l2_multiple = 4.0;
-  bool copy_kernel = false;
-};
+// The command line is shared with the CPU bench (bench.h, bench.cpp).
+using Options = gdn::tools::BenchOptions;
 
 struct Result {
   Config c;
@@ -635,40 +624,8 @@ int bench_main(const Options& opt) {
 
 }  // namespace
 
-void add_bench_command(CLI::App& app) {
-  auto opt = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("bench", "Time the CUDA kernels against the HBM copy ceiling");
-  cmd->add_option("--op", opt->op,
-                  "decode | fused | all: gdn::decode, or gdn::fused_decode (conv W = 4, bf16 conv pool in "
-                  "vLLM's [P, L, D] memory, gated RMSNorm on)")
-      ->check(CLI::IsMember({"decode", "fused", "all"}));
-  cmd->add_option("--fused-norm", opt->fused_norm, "the fused rows' gated RMSNorm (true | false)")
-      ->capture_default_str();
-  cmd->add_option("--model", opt->model, "qwen3-next | qwen3.5 | all")
-      ->check(CLI::IsMember({"qwen3-next", "qwen3.5", "all"}));
-  cmd->add_option("--state", opt->state, "fp32 | bf16 | all")->check(CLI::IsMember({"fp32", "bf16", "all"}));
-  cmd->add_option("--mode", opt->mode, "dense | pool | split | all")
-      ->check(CLI::IsMember({"dense", "pool", "split", "all"}));
-  cmd->add_option("--layout", opt->layout, "vk | kv | all | default (VK, plus KV on a subset)")
-      ->check(CLI::IsMember({"vk", "kv", "all", "default"}));
-  cmd->add_option("--cache", opt->cache, "on | off | all (T > 1)")->check(CLI::IsMember({"on", "off", "all"}));
-  cmd->add_option("--update", opt->update, "on | off | all (T > 1)")->check(CLI::IsMember({"on", "off", "all"}));
-  cmd->add_option("--T", opt->T, "tokens per row (list)")->delimiter(',');
-  cmd->add_option("--B", opt->B, "batch sizes (list)")->delimiter(',');
-  cmd->add_flag("--quick", opt->quick, "a short sweep");
-  cmd->add_option("--json", opt->json, "write the results as JSON to this path");
-  cmd->add_option("--calls", opt->calls, "calls per captured graph (at least the state sets)");
-  cmd->add_option("--reps", opt->reps, "timed graph replays (median)");
-  cmd->add_flag("--copy-kernel", opt->copy_kernel,
-                "also time a plain copy kernel that moves the same state bytes the same way "
-                "(launch + latency + bandwidth floor; rows without the cache)");
-  cmd->callback([opt] {
-    int rc = 1;
-    try {
-      rc = bench_main(*opt);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "gdn bench: %s\n", e.what());
-    }
-    if (rc != 0) throw CLI::RuntimeError(rc);
-  });
-}
+namespace gdn::tools {
+
+int cuda_bench_main(const BenchOptions& opt) { return bench_main(opt); }
+
+}  // namespace gdn::tools

@@ -1,6 +1,40 @@
-// `gdn bench` (CUDA builds only): sweeps the CUDA kernels against the HBM copy ceiling.
+// `gdn bench`: per-call time of gdn::decode against the machine's copy bandwidth measured in
+// the same run. One subcommand for both backends: --device cpu times the CPU backend
+// (bench_cpu.cpp, every build), --device cuda the CUDA kernels (bench.cu, CUDA builds); auto
+// takes CUDA when the build has it and a GPU is visible, else the CPU.
 #pragma once
+
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+namespace gdn::tools {
+
+// The options of both benches. An empty list or string means "the bench's own default".
+struct BenchOptions {
+  std::string device = "auto";
+  std::string op = "decode";   // CUDA: decode | fused | all (gdn::fused_decode rows)
+  bool fused_norm = true;      // CUDA: the fused rows' gated RMSNorm
+  std::string model = "all", state = "all", mode, layout = "default";
+  std::string cache, update;  // default: all (CUDA); off and on (CPU)
+  std::vector<int> T, B;
+  bool quick = false;
+  std::string json;
+  int calls = 20;
+  int reps = 5;
+  double l2_multiple = 4.0;    // CUDA: state sets rotated so the others' bytes are >= this x L2
+  bool copy_kernel = false;    // CUDA only
+  int threads = 0;             // CPU only: OpenMP threads (0: the runtime's default)
+  double llc_multiple = 4.0;   // CPU: state sets rotated so the others' bytes are >= this x LLC
+};
+
 void add_bench_command(CLI::App& app);
+
+// Both return the process exit code (0: every configuration ran).
+int cpu_bench_main(const BenchOptions& opt);
+#ifdef GDN_WITH_CUDA
+int cuda_bench_main(const BenchOptions& opt);
+#endif
+
+}  // namespace gdn::tools

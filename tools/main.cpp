@@ -1,19 +1,16 @@
 // gdn: command-line front end. `gdn run` simulates a serving engine's GDN decode and verifies
-// it; `gdn bench` (CUDA builds) sweeps the kernels against the HBM copy ceiling.
+// it; `gdn bench` times the CPU backend or the CUDA kernels against the copy bandwidth
+// measured in the same run.
 #include <CLI/CLI.hpp>
 
-#include "run.h"
-#ifdef GDN_WITH_CUDA
 #include "bench.h"
-#endif
+#include "run.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"gdn: Gated DeltaNet decode kernels (CPU and CUDA)"};
   app.require_subcommand(1);
   gdn::tools::add_run_command(app);
-#ifdef GDN_WITH_CUDA
-  add_bench_command(app);
-#endif
+  gdn::tools::add_bench_command(app);
   // Subcommands report failure by throwing CLI::RuntimeError(code); CLI11_PARSE returns it.
   CLI11_PARSE(app, argc, argv);
   return 0;
