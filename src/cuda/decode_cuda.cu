@@ -223,6 +223,24 @@ bool fused_conv_vec_ok(const FusedProblem& f, int tiles) {
   return (2 * p.K) % C == 0 && mult8(2 * p.K / C);
 }
 
+// The norm's 16-byte path (fused.cuh, fused_norm_issue): norm_weight and z contiguous along V,
+// every base and stride 16-byte aligned, and blocks of nc whole columns (V a multiple of nc,
+// nc columns a multiple of 16 bytes), so that the raw rows land by cp.async before the slot is
+// known. Other layouts load them by scalar loads after it.
+bool fused_norm_vec_ok(const FusedProblem& f, int nc) {
+  if (f.norm_weight.data == nullptr || nc <= 0 || f.step.V % nc != 0) return false;
+  // Elements per 16 bytes when x's rows qualify, else 0.
+  const auto per16 = [nc](const Ptr& x, int64_t inner_stride) -> int64_t {
+    const int64_t es = x.dtype == DType::kF32 ? 4 : 2;
+    const bool ok = reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && inner_stride == 1 && nc * es % 16 == 0;
+    return ok ? 16 / es : 0;
+  };
+  if (per16(f.norm_weight, f.norm_weight.s[0]) == 0) return false;
+  if (f.z.data == nullptr) return true;
+  const int64_t per = per16(f.z, f.z.s[3]);
+  return per > 0 && f.z.s[0] % per == 0 && f.z.s[1] % per == 0 && f.z.s[2] % per == 0;
+}
+
 // Blocks per thread-block cluster the fused step may use: 8 is portable; 16 is allowed on sm_90
 // with an opt-in (allow_big_cluster), given at most ~110 KB of shared memory per block so that
 // two blocks fit an SM and a cluster fits one GPC.
@@ -385,6 +403,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   lp.direct = f == nullptr && !chunked && rr <= 2 && p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 &&
               p.v.dtype == DType::kBF16 && vk_direct_pays(p, lp.blocks);
   lp.cluster = f != nullptr ? group * lp.geo.tiles : 1;
+  lp.geo.norm_vec = f != nullptr && fused_norm_vec_ok(*f, rt);
   return true;
 }
 
@@ -417,6 +436,7 @@ bool plan_kv_tile_nt(const Problem& p, LaunchPlan& lp, const FusedProblem* f) {
   lp.geo.tiles = static_cast<int>((p.V + Sh::VT - 1) / Sh::VT);
   lp.blocks = p.B * p.HV * lp.geo.tiles;
   lp.cluster = f != nullptr ? static_cast<int>(p.HV / p.H) * lp.geo.tiles : 1;
+  lp.geo.norm_vec = f != nullptr && fused_norm_vec_ok(*f, Sh::VT);
   return true;
 }
 

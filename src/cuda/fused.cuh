@@ -7,17 +7,21 @@
 // HV/H value heads of the GVA group times the tiles of each head — form a thread-block
 // cluster of C blocks (the host sizes the tiles so it fits), and share the work:
 // - the 2K conv channels of q and k are cut into C slices; block rank r computes slice r
-//   (loads its conv columns, inputs and taps, the conv, SiLU) and stores the outputs into
-//   every block of the cluster (distributed shared memory), then all wait on one cluster
-//   barrier; each block computes its own v channels. So each q/k channel is computed once
-//   per row, not once per block, and each conv channel's state is read and written by the
-//   one block that owns it: an in-place update (write slot = read slot) never races a read;
-// - the RMSNorm's mean over V spans the tiles of one value head: each block stores its sums
-//   of squares per token into every tile of its head, one cluster barrier, and every tile
-//   adds the same numbers in the same order, so all get the same factor bit for bit.
-// After each barrier a block only touches its own shared memory, so none needs to wait for
-// the others before it exits. A padding or invalid row leaves every block of its cluster at
-// the same early return, before any barrier.
+//   (loads its conv columns, inputs and taps, the conv, SiLU) and sends the outputs to every
+//   block of the cluster (distributed shared memory, st.async); each block computes its own v
+//   channels. So each q/k channel is computed once per row, not once per block, and each conv
+//   channel's state is read and written by the one block that owns it: an in-place update
+//   (write slot = read slot) never races a read;
+// - the RMSNorm's mean over V spans the tiles of one value head: each block sends its sums of
+//   squares per token to every tile of its head, and every tile adds the same numbers in the
+//   same order, so all get the same factor bit for bit.
+// Each exchange lands on a transaction barrier (mbarrier) of the receiving block, which waits
+// for exactly its bytes: a block waits only for the data it reads, never for the others to
+// arrive anywhere. (A cluster barrier with release semantics compiles to a GPU-scope memory
+// barrier: at B = 64 each block waited there for its own 32 KB of state stores to be
+// acknowledged before it could exit; ncu, 2e70ce5.) A receiver cannot exit before its bytes
+// land, so no store reaches an exited block. A padding or invalid row leaves every block of
+// its cluster at the same early return, before any exchange.
 #pragma once
 
 #include "common.cuh"
@@ -54,13 +58,43 @@ __device__ __forceinline__ unsigned cluster_rank() {
 #endif
   return r;
 }
-// arrive.release + wait.acquire: every store of a block of the cluster before its arrival is
-// visible to every block after its wait. Every thread of the block executes both (.aligned:
-// warp-uniform).
-__device__ __forceinline__ void cluster_sync() {
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// A transaction barrier (mbarrier) of one phase: one arrival, the receiver's own expect_tx
+// (mbar_expect), and the bytes that other blocks send by st.async, which may land before it.
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
 #endif
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+#endif
+}
+// Waits for the barrier's first phase; acquire at cluster scope: the bytes came from other
+// blocks of the cluster.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(smem_u32(bar))
+        : "memory");
+  } while (!done);
+#endif
+}
+// The address of this block's `local` shared memory in the block of cluster rank `rank`.
+__device__ __forceinline__ unsigned remote_smem(const void* local, unsigned rank) {
+  unsigned remote = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(rank));
+#endif
+  return remote;
 }
 // Distributed shared memory may be written only once every block of the cluster runs: each
 // block arrives when it starts (fused_started) and waits before its first remote store
@@ -76,36 +110,29 @@ __device__ __forceinline__ void fused_wait_started() {
 #endif
 }
 // Stores v at `local` (an address of this block's shared memory) in the block of cluster rank
-// `rank` instead.
-__device__ __forceinline__ void st_cluster_f32(float* local, unsigned rank, float v) {
+// `rank` instead, completing 4 (16) bytes on that block's barrier `bar` (same local address).
+__device__ __forceinline__ void st_async_f32(float* local, unsigned rank, float v, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
+                   remote_smem(local, rank)),
+               "f"(v), "r"(remote_smem(bar, rank))
+               : "memory");
 #else
-  (void)rank;
+  (void)rank, (void)bar;
   *local = v;
 #endif
 }
 
-__device__ __forceinline__ void st_cluster_f32x4(float* local, unsigned rank, float4 v) {
+__device__ __forceinline__ void st_async_f32x4(float* local, unsigned rank, float4 v, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
-  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z),
-               "f"(v.w)
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                   remote_smem(local, rank)),
+               "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(remote_smem(bar, rank))
                : "memory");
 #else
-  (void)rank;
+  (void)rank, (void)bar;
   *reinterpret_cast<float4*>(local) = v;
 #endif
-}
-
-// A value of a run-time dtype (one of the fused step's float tensors) as fp32.
-__device__ __forceinline__ float ld_f32(const void* base, DType dt, int64_t off) {
-  return bits_to_f32(load_bits(base, dt, off), dt);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -138,10 +165,12 @@ __host__ __device__ inline FusedShare fused_share(int K, int group, int tiles, i
 struct FusedSmem {
   float* win = nullptr;   // [wl][own] each block channel's window: old columns first..L-1, x_0..x_{T-1}
   float* o = nullptr;     // [T][nc] the raw recurrence output, until the norm factor is known (norm only)
-  float* zw = nullptr;    // [T][nc] norm_weight * silu(z) (norm only)
-  float* part = nullptr;  // [kMaxTiles][16] sums of o^2 per token, stored by each tile of the head
+  float* zw = nullptr;    // [T][nc] norm_weight * silu(z) (norm only); with geo.norm_vec, z's raw rows
+  float* wn = nullptr;    // [nc] with geo.norm_vec: norm_weight's raw elements (norm only)
+  float* part = nullptr;  // [kMaxTiles][16] sums of o^2 per token, sent by each tile of the head
   float* fac = nullptr;   // [16] rsqrt(mean(o^2) + eps) per token
   int64_t* ws = nullptr;  // [16] the conv write slot of each token (< 0: none)
+  uint64_t* bar = nullptr;  // [2] transaction barriers: the q/k slices, the norm's sums
 };
 
 __host__ __device__ constexpr int round4(int f) { return (f + 3) / 4 * 4; }
@@ -155,7 +184,8 @@ __host__ __device__ constexpr int fused_win_floats(const FusedShare& s, int W) {
 // Floats after the staging area, each region a multiple of 16 bytes, plus 4 of slack to align
 // the start.
 __host__ __device__ inline int fused_smem_floats(const FusedShare& s, int T, int nc, int W, bool norm) {
-  return 4 + fused_win_floats(s, W) + (norm ? 2 * round4(T * nc) : 0) + kMaxTiles * 16 + 16 + 2 * 16;
+  return 4 + fused_win_floats(s, W) + (norm ? 2 * round4(T * nc) + round4(nc) : 0) + kMaxTiles * 16 + 16 + 2 * 16 +
+         4;
 }
 
 __device__ __forceinline__ FusedSmem carve_fused(const FusedShare& s, float* base, int T, int nc, int W, bool norm) {
@@ -165,9 +195,11 @@ __device__ __forceinline__ FusedSmem carve_fused(const FusedShare& s, float* bas
   base += fused_win_floats(s, W);
   m.o = base;
   m.zw = base + (norm ? round4(T * nc) : 0);
-  m.part = base + (norm ? 2 * round4(T * nc) : 0);
+  m.wn = base + (norm ? 2 * round4(T * nc) : 0);
+  m.part = m.wn + (norm ? round4(nc) : 0);
   m.fac = m.part + kMaxTiles * 16;
   m.ws = reinterpret_cast<int64_t*>(m.fac + 16);  // 16-byte aligned: every region is a multiple of 4 floats
+  m.bar = reinterpret_cast<uint64_t*>(m.ws + 16);
   return m;
 }
 
@@ -184,16 +216,47 @@ __device__ __forceinline__ int64_t fused_channel(const Problem& p, const FusedSh
   return j >= p.V ? -1 : 2 * p.H * K + hv * p.V + j;
 }
 
+// The q/k channels of cluster rank r's slice: S, the last slice may be short (or empty).
+__device__ __forceinline__ int fused_slice_count(const FusedShare& s, int K, int r) {
+  const int first = r * s.S;
+  return first >= 2 * K ? 0 : first + s.S <= 2 * K ? s.S : 2 * K - first;
+}
+
+// Bytes the block receives on fs.bar[0]: the other ranks' q/k slices for T tokens.
+__device__ __forceinline__ unsigned fused_slice_bytes(const FusedShare& s, int K, int T) {
+  unsigned bytes = 0;
+  const int rank = static_cast<int>(cluster_rank());
+  for (int r = 0; r < s.C; ++r)
+    if (r != rank) bytes += static_cast<unsigned>(fused_slice_count(s, K, r) * T) * 4u;
+  return bytes;
+}
+
+// Before pdl_wait, in place of nothing in the plain step: the barriers set up (visible to the
+// cluster by the arrival's fence) and the block's arrival at the cluster barrier that says it
+// runs (fused_wait_started).
+__device__ __forceinline__ void fused_start(const FusedSmem& fs) {
+  if (threadIdx.x == 0) {
+    mbar_init(&fs.bar[0]);
+    mbar_init(&fs.bar[1]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+  }
+  fused_started();
+}
+
 // The block's q/k slice of conv outputs (written locally into the raw staging area) into every
 // other block of the cluster, all threads sharing the stores, 16 bytes at a time where the slice
-// allows it. The caller syncs the block before (the outputs are complete) and the cluster after.
+// allows it, each completing on the receiver's fs.bar[0]. The caller syncs the block before
+// (the outputs are complete).
 template <int NT>
-__device__ __forceinline__ void fused_push_slice(const Problem& p, const FusedShare& s, const StageSmem& sm, int T) {
+__device__ __forceinline__ void fused_push_slice(const Problem& p, const FusedShare& s, const StageSmem& sm,
+                                                 const FusedSmem& fs, int T) {
   if (s.C == 1) return;
   const int K = static_cast<int>(p.K);
   const unsigned rank = cluster_rank();
   const int first = static_cast<int>(rank) * s.S;
-  const int count = first + s.S <= 2 * K ? s.S : 2 * K - first;  // the last slice may be short
+  const int count = fused_slice_count(s, K, static_cast<int>(rank));
   if (count <= 0) return;
   float* const raw = reinterpret_cast<float*>(sm.raw);
   // A slice never straddles the q/k boundary when S divides K (C a power of two); otherwise
@@ -207,16 +270,43 @@ __device__ __forceinline__ void fused_push_slice(const Problem& p, const FusedSh
     if (vec) {
       const int qc = first + 4 * e;
       float* const at = raw + (qc < K ? qc : T * K + qc - K) + t * K;
-      st_cluster_f32x4(at, to, *reinterpret_cast<const float4*>(at));
+      st_async_f32x4(at, to, *reinterpret_cast<const float4*>(at), &fs.bar[0]);
     } else {
       const int qc = first + e;
       float* const at = raw + (qc < K ? qc : T * K + qc - K) + t * K;
-      st_cluster_f32(at, to, *at);
+      st_async_f32(at, to, *at, &fs.bar[0]);
     }
   }
 }
 
-// zw = norm_weight * silu(z) of the block's outputs [T][nc] (columns past V clamp to V - 1).
+// The norm's inputs by 16 bytes (host: fused_norm_vec_ok): z's rows [T][nc] and norm_weight's
+// [nc] elements raw into fs.zw and fs.wn, issued with the conv inputs before the slot is known
+// (they do not depend on it), converted where the output is written.
+template <int NT>
+__device__ __forceinline__ void fused_norm_issue(const FusedProblem& f, const FusedSmem& fs, int64_t n, int64_t hv,
+                                                 int64_t c0, int nc, int T) {
+  const int es = f.norm_weight.dtype == DType::kF32 ? 4 : 2;
+  const int per = nc * es / 16;  // 16-byte pieces per row
+  const char* const w = static_cast<const char*>(f.norm_weight.data) + c0 * es;
+  for (int i = threadIdx.x; i < per; i += NT) cp_async16(reinterpret_cast<char*>(fs.wn) + i * 16, w + i * 16);
+  if (f.z.data == nullptr) return;
+  const int zs = f.z.dtype == DType::kF32 ? 4 : 2;
+  const int zper = nc * zs / 16;
+  const char* const z = static_cast<const char*>(f.z.data) + (n * f.z.s[0] + hv * f.z.s[2] + c0) * zs;
+  for (int i = threadIdx.x; i < T * zper; i += NT) {
+    const int t = i / zper, c = i % zper;
+    cp_async16(reinterpret_cast<char*>(fs.zw) + (t * zper + c) * 16, z + t * f.z.s[1] * zs + c * 16);
+  }
+}
+
+// Element i of a raw row in shared memory, as fp32.
+__device__ __forceinline__ float smem_f32(const void* row, DType dt, int i) {
+  return dt == DType::kF32 ? static_cast<const float*>(row)[i]
+                           : bits_to_f32(static_cast<const uint16_t*>(row)[i], dt);
+}
+
+// zw = norm_weight * silu(z) of the block's outputs [T][nc] (columns past V clamp to V - 1),
+// for layouts the 16-byte path does not take. Both loads are issued before either is used.
 template <int NT>
 __device__ __forceinline__ void fused_norm_gate(const FusedProblem& f, const FusedSmem& fs, int64_t n, int64_t hv,
                                                 int64_t c0, int nc, int T) {
@@ -224,13 +314,16 @@ __device__ __forceinline__ void fused_norm_gate(const FusedProblem& f, const Fus
   for (int e = threadIdx.x; e < T * nc; e += NT) {
     const int t = e / nc;
     const int64_t col = c0 + e % nc < V ? c0 + e % nc : V - 1;
-    const float w = ld_f32(f.norm_weight.data, f.norm_weight.dtype, col * f.norm_weight.s[0]);
+    const uint32_t wb = load_bits(f.norm_weight.data, f.norm_weight.dtype, col * f.norm_weight.s[0]);
+    const uint32_t zb = f.z.data != nullptr
+                            ? load_bits(f.z.data, f.z.dtype, n * f.z.s[0] + t * f.z.s[1] + hv * f.z.s[2] + col * f.z.s[3])
+                            : 0u;
     float g = 1.f;
     if (f.z.data != nullptr) {
-      const float z = ld_f32(f.z.data, f.z.dtype, n * f.z.s[0] + t * f.z.s[1] + hv * f.z.s[2] + col * f.z.s[3]);
+      const float z = bits_to_f32(zb, f.z.dtype);
       g = z / (1.f + expf(-z));
     }
-    fs.zw[e] = w * g;
+    fs.zw[e] = bits_to_f32(wb, f.norm_weight.dtype) * g;
   }
 }
 
@@ -297,33 +390,19 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
     }
   }
   __syncthreads();  // the slice's outputs are complete
-  fused_push_slice<NT>(p, s, sm, T);
+  fused_push_slice<NT>(p, s, sm, fs, T);
 }
 
 // ---------------------------------------------------------------------------------------
 // The 16-byte path, for the engines' layout (host: fused_conv_vec_ok): mixed_qkv, the conv
 // state and the taps of one 16-bit dtype, mixed_qkv and the conv state contiguous along the
 // channels (vLLM's [P, L, D] pool), taps row-major [D, W], every 16-byte piece aligned. A thread
-// owns 8 consecutive block channels (a slice and the v channels are multiples of 8): its window
-// rows, taps and bias land in shared memory by cp.async, all in flight at once with no register
-// held, and the conv state is later written as 16-byte copies of window rows. Layout of fs.win
+// loads 8 consecutive block channels (a slice and the v channels are multiples of 8): their
+// window rows, taps and bias land in shared memory by cp.async, all in flight at once with no
+// register held; the conv runs on channel pairs; the conv state is later written as 16-byte
+// copies of window rows. Layout of fs.win
 // with G = own / 8 groups: rows [wl][G] of raw windows, then taps [G][W], then bias [G].
 // ---------------------------------------------------------------------------------------
-__device__ __forceinline__ void unpack8(uint4 u, DType dt, float* out) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (dt == DType::kBF16) {
-      out[2 * i] = bf16_lo(w[i]);
-      out[2 * i + 1] = bf16_hi(w[i]);
-    } else {
-      const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-      out[2 * i] = f2.x;
-      out[2 * i + 1] = f2.y;
-    }
-  }
-}
-
 // Issues the block's conv inputs by cp.async (in the caller's groups), in two parts: what does
 // not depend on the row's slot (the new inputs, taps and bias) before the slot is known, the
 // read slot's conv columns after.
@@ -366,46 +445,54 @@ __device__ __forceinline__ void fused_conv_vec_issue_state(const FusedProblem& f
   }
 }
 
-// The conv and SiLU of group g (8 channels) at token t, into the raw staging area of this
-// block, once the inputs landed.
+// The two channels of the 32-bit word w, as fp32.
+__device__ __forceinline__ void unpack2(uint32_t w, DType dt, float* out) {
+  if (dt == DType::kBF16) {
+    out[0] = bf16_lo(w);
+    out[1] = bf16_hi(w);
+  } else {
+    const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    out[0] = f2.x;
+    out[1] = f2.y;
+  }
+}
+
+// The conv and SiLU of channels 2 * sub, +1 of group g (8 channels) at token t, into the raw
+// staging area of this block, once the inputs landed. (A thread per pair, not per group: the
+// SiLU's exp and division dominate, and at T = 1 a group per thread left one warp computing
+// while the block waited for it.)
 template <int kW>
 __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
-                                                    const FusedSmem& fs, int g, int t, int nc, int T, unsigned rank) {
+                                                    const FusedSmem& fs, int g, int sub, int t, int nc, int T,
+                                                    unsigned rank) {
   const int K = static_cast<int>(f.step.K), G = s.own / 8;
   const DType dt = f.x.dtype;
-  const uint4* const win = reinterpret_cast<const uint4*>(fs.win);
-  const uint4* const taps = win + s.wl * G;
-  float tw[8 * kW];  // channel i's taps at [i * kW, +kW)
+  const uint32_t* const win = reinterpret_cast<const uint32_t*>(fs.win);  // word (row * G + g) * 4 + sub
+  // The group's taps are its 8 rows of [D, W], 8 * kW elements: the pair's 2 * kW start at
+  // word sub * kW of the group's kW words.
+  const uint32_t* const taps = win + s.wl * G * 4 + g * kW * 4 + sub * kW;
+  float tw[2 * kW];  // tap k of channel i at [i * kW + k]
 #pragma unroll
-  for (int k = 0; k < kW; ++k) unpack8(taps[g * kW + k], dt, tw + 8 * k);
-  float acc[8];
-  if (f.conv_bias.data != nullptr) {
-    unpack8((taps + G * kW)[g], dt, acc);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-  }
+  for (int k = 0; k < kW; ++k) unpack2(taps[k], dt, tw + 2 * k);
+  float acc[2] = {0.f, 0.f};
+  if (f.conv_bias.data != nullptr) unpack2((win + s.wl * G * 4 + G * kW * 4)[g * 4 + sub], dt, acc);
   const int row0 = static_cast<int>(f.L) - (kW - 1) - s.first + t;
 #pragma unroll
   for (int k = 0; k < kW; ++k) {
-    float x[8];
-    unpack8(win[(row0 + k) * G + g], dt, x);
+    float x[2];
+    unpack2(win[((row0 + k) * G + g) * 4 + sub], dt, x);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = fmaf(tw[i * kW + k], x[i], acc[i]);
+    for (int i = 0; i < 2; ++i) acc[i] = fmaf(tw[i * kW + k], x[i], acc[i]);
   }
-  float y[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) y[i] = acc[i] / (1.f + expf(-acc[i]));
-  const int c = g * 8;
+  const int c = g * 8 + 2 * sub;
   const int qc = static_cast<int>(rank) * s.S + c;
   float* const raw = reinterpret_cast<float*>(sm.raw);
   float* const dst = c < s.S ? raw + (qc < K ? qc : T * K + qc - K) + t * K : raw + 2 * T * K + t * nc + (c - s.S);
-  reinterpret_cast<float4*>(dst)[0] = make_float4(y[0], y[1], y[2], y[3]);
-  reinterpret_cast<float4*>(dst)[1] = make_float4(y[4], y[5], y[6], y[7]);
+  *reinterpret_cast<float2*>(dst) = make_float2(acc[0] / (1.f + expf(-acc[0])), acc[1] / (1.f + expf(-acc[1])));
 }
 
-// One item per (group, token), over all threads. The caller has waited for its own cp.async
-// group; the barrier here makes every thread's landed inputs visible to all.
+// One item per (channel pair, token), over all threads. The caller has waited for its own
+// cp.async group; the barrier here makes every thread's landed inputs visible to all.
 template <int NT, bool kNorm>
 __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
                                                const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc, int T) {
@@ -415,25 +502,23 @@ __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const Fuse
   const int G = s.own / 8;
   __syncthreads();
   fused_wait_started();  // the push below writes into the other blocks
-  for (int item = threadIdx.x; item < G * T; item += NT) {
-    const int g = item % G, t = item / G;
+  for (int item = threadIdx.x; item < G * 4 * T; item += NT) {
+    const int sub = item % 4, g = item / 4 % G, t = item / (4 * G);
     if (fused_channel(p, s, rank, g * 8, h, hv, c0) < 0) continue;
-    {
-      switch (f.W) {
-        case 2:
-          fused_conv_vec_item<2>(f, s, sm, fs, g, t, nc, T, rank);
-          break;
-        case 3:
-          fused_conv_vec_item<3>(f, s, sm, fs, g, t, nc, T, rank);
-          break;
-        default:
-          fused_conv_vec_item<4>(f, s, sm, fs, g, t, nc, T, rank);
-          break;
-      }
+    switch (f.W) {
+      case 2:
+        fused_conv_vec_item<2>(f, s, sm, fs, g, sub, t, nc, T, rank);
+        break;
+      case 3:
+        fused_conv_vec_item<3>(f, s, sm, fs, g, sub, t, nc, T, rank);
+        break;
+      default:
+        fused_conv_vec_item<4>(f, s, sm, fs, g, sub, t, nc, T, rank);
+        break;
     }
   }
   __syncthreads();  // the slice's outputs are complete
-  fused_push_slice<NT>(p, s, sm, T);
+  fused_push_slice<NT>(p, s, sm, fs, T);
 }
 
 // The conv state after each stored token (and conv_inter) for the thread's groups: 16-byte
@@ -465,18 +550,58 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
 }
 
 // ---------------------------------------------------------------------------------------
+// The fused step's part of the tile kernels' prologue, in their order: fused_start before
+// pdl_wait; fused_issue_inputs before the row's slot is known and fused_issue_state after it
+// (one cp.async group each, committed by the caller, empty where nothing goes that way);
+// fused_prologue once the gates are staged: q, k and v in the raw staging area, fp32, as
+// stage_issue's layout, for stage_convert_t.
+// ---------------------------------------------------------------------------------------
+template <int NT, bool kNorm>
+__device__ __forceinline__ void fused_issue_inputs(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
+                                                   const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc,
+                                                   int T) {
+  if (geo.conv_vec) fused_conv_vec_issue_inputs<NT>(f, s, fs, n, hv, c0, T);
+  if constexpr (kNorm)
+    if (geo.norm_vec) fused_norm_issue<NT>(f, fs, n, hv, c0, nc, T);
+}
+
+template <int NT>
+__device__ __forceinline__ void fused_issue_state(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
+                                                  const FusedSmem& fs, int64_t hv, int64_t c0, int64_t slot) {
+  if (geo.conv_vec) fused_conv_vec_issue_state<NT>(f, s, fs, hv, c0, slot);
+}
+
+// The caller has committed the groups above and then the state tile's.
+template <int NT, bool kNorm>
+__device__ __forceinline__ void fused_prologue(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
+                                               const StageSmem& sm, const FusedSmem& fs, int64_t n, int64_t hv,
+                                               int64_t c0, int nc, int T, int64_t slot) {
+  // The norm's gate by scalar loads (other layouts) while the conv inputs land.
+  if constexpr (kNorm)
+    if (!geo.norm_vec) fused_norm_gate<NT>(f, fs, n, hv, c0, nc, T);
+  if (geo.conv_vec) {
+    cp_async_wait_group<1>();  // this thread's conv inputs landed (the state may still be in flight)
+    fused_conv_vec<NT, kNorm>(f, s, sm, fs, n, hv, c0, nc, T);
+  } else {
+    fused_conv<NT, kNorm>(f, s, sm, fs, n, hv, c0, nc, T, slot);
+  }
+  if (threadIdx.x == 0) mbar_expect(&fs.bar[0], fused_slice_bytes(s, static_cast<int>(f.step.K), T));
+  mbar_wait(&fs.bar[0]);  // the other slices' q/k outputs landed here
+}
+
+// ---------------------------------------------------------------------------------------
 // The epilogue: the conv state after each stored token (and conv_inter) for the block's own
 // channels, from the windows — column j after token t is window entry t + 1 + j; then with
 // the norm, the tiles' sums of squares exchanged and o = o * rsqrt(mean_V(o^2) + eps) *
-// norm_weight * silu(z) written. `tiles`: tiles per value head (the cluster holds HV/H heads x
-// tiles blocks, head-major); `tile`: this block's.
+// norm_weight * silu(z) written. `tile`: this block's tile of its value head (the cluster holds
+// HV/H heads x geo.tiles blocks, head-major).
 // ---------------------------------------------------------------------------------------
 template <int NT, bool kNorm>
-__device__ __forceinline__ void fused_finish(const FusedProblem& f, const FusedShare& s, const FusedSmem& fs,
-                                             const WarpSlots& slots, int64_t n, int64_t hv, int tile, int tiles,
-                                             int64_t c0, int nc, int T, bool vec) {
+__device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
+                                             const FusedSmem& fs, const WarpSlots& slots, int64_t n, int64_t hv,
+                                             int tile, int64_t c0, int nc, int T) {
   const Problem& p = f.step;
-  const int L = static_cast<int>(f.L);
+  const int L = static_cast<int>(f.L), tiles = geo.tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const unsigned rank = cluster_rank();
   __syncthreads();  // the token loop's outputs (fs.o) are complete
@@ -486,8 +611,8 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const FusedS
       if (lane == 0) fs.ws[t] = ws;
     }
   if constexpr (kNorm) {
-    // This tile's sums of squares, one warp per token in a fixed order, stored into every tile
-    // of the head (the cluster is head-major: the head's tile 0 has rank rank - tile).
+    // This tile's sums of squares, one warp per token in a fixed order, sent to every tile of
+    // the head (the cluster is head-major: the head's tile 0 has rank rank - tile).
     for (int t = warp; t < T; t += NT / 32) {
       float ss = 0.f;
       for (int c = lane; c < nc; c += 32) {
@@ -496,41 +621,45 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const FusedS
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-      if (lane < tiles) st_cluster_f32(&fs.part[tile * 16 + t], rank - tile + lane, ss);
+      if (lane == tile)
+        fs.part[tile * 16 + t] = ss;
+      else if (lane < tiles)
+        st_async_f32(&fs.part[tile * 16 + t], rank - tile + lane, ss, &fs.bar[1]);
     }
   }
-  __syncthreads();  // fs.ws
+  __syncthreads();  // fs.ws, this tile's own sums
 
-  if (vec) {
+  if (geo.conv_vec) {
     fused_conv_vec_store<NT>(f, s, fs, n, hv, c0, T);
   } else {
-  const int64_t h = hv / (p.HV / p.H);
-  const bool inter = f.conv_inter.data != nullptr;
-  for (int c = threadIdx.x; c < s.own; c += NT) {
-    const int64_t d = fused_channel(p, s, rank, c, h, hv, c0);
-    if (d < 0) continue;
-    const float* const win = fs.win + c;
-    for (int t = 0; t < T; ++t) {
-      const int64_t ws = fs.ws[t];
-      if (ws < 0 && !inter) continue;
-      for (int j = 0; j < L; ++j) {
-        const float x = win[(t + 1 + j - s.first) * s.own];  // window entry t + 1 + j
-        if (ws >= 0)
-          store_scalar(f.conv_state.data, f.conv_state.dtype,
-                       ws * f.conv_state.s[0] + d * f.conv_state.s[1] + j * f.conv_state.s[2], x);
-        if (inter)
-          store_scalar(f.conv_inter.data, f.conv_inter.dtype,
-                       n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * f.conv_inter.s[2] + j * f.conv_inter.s[3],
-                       x);
+    const int64_t h = hv / (p.HV / p.H);
+    const bool inter = f.conv_inter.data != nullptr;
+    for (int c = threadIdx.x; c < s.own; c += NT) {
+      const int64_t d = fused_channel(p, s, rank, c, h, hv, c0);
+      if (d < 0) continue;
+      const float* const win = fs.win + c;
+      for (int t = 0; t < T; ++t) {
+        const int64_t ws = fs.ws[t];
+        if (ws < 0 && !inter) continue;
+        for (int j = 0; j < L; ++j) {
+          const float x = win[(t + 1 + j - s.first) * s.own];  // window entry t + 1 + j
+          if (ws >= 0)
+            store_scalar(f.conv_state.data, f.conv_state.dtype,
+                         ws * f.conv_state.s[0] + d * f.conv_state.s[1] + j * f.conv_state.s[2], x);
+          if (inter)
+            store_scalar(f.conv_inter.data, f.conv_inter.dtype,
+                         n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * f.conv_inter.s[2] + j * f.conv_inter.s[3],
+                         x);
+        }
       }
     }
   }
-  }
 
   if constexpr (kNorm) {
-    cluster_sync();  // every tile's sums are in every tile of the head
+    if (threadIdx.x == 0) mbar_expect(&fs.bar[1], static_cast<unsigned>((tiles - 1) * T) * 4u);
     if (static_cast<int>(threadIdx.x) < T) {
       const int t = threadIdx.x;
+      mbar_wait(&fs.bar[1]);  // the other tiles' sums landed here
       float ss = 0.f;
       for (int j = 0; j < tiles; ++j) ss += fs.part[j * 16 + t];
       fs.fac[t] = rsqrtf(ss / static_cast<float>(p.V) + f.norm_eps);
@@ -538,9 +667,19 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const FusedS
     __syncthreads();  // fs.fac
     for (int i = threadIdx.x; i < T * nc; i += NT) {
       const int t = i / nc, c = i % nc;
-      if (c0 + c < p.V)
-        store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + c0 + c,
-                     fs.o[i] * fs.fac[t] * fs.zw[i]);
+      if (c0 + c >= p.V) continue;
+      float zw;
+      if (geo.norm_vec) {  // raw rows (fused_norm_issue); host: V is a multiple of nc
+        float g = 1.f;
+        if (f.z.data != nullptr) {
+          const float z = smem_f32(fs.zw, f.z.dtype, i);
+          g = z / (1.f + expf(-z));
+        }
+        zw = smem_f32(fs.wn, f.norm_weight.dtype, c) * g;
+      } else {
+        zw = fs.zw[i];
+      }
+      store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + c0 + c, fs.o[i] * fs.fac[t] * zw);
     }
   }
 }

@@ -330,17 +330,16 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
   warm_params(prm);
   if (geo.prefetch) prefetch_state_l2(p, n, hv, 0, K, c0, VT * static_cast<int>(sizeof(S)), tid, NT);
-  if constexpr (Fz::kOn) fused_started();
+  if constexpr (Fz::kOn) fused_start(fs);
   pdl_wait();
   pdl_launch_dependents();
 
   if constexpr (!Fz::kOn) {
     stage_issue<NT>(p, geo, sm, n, 0, T, hv, c0, VT);
-    cp_async_commit();
-  } else if (geo.conv_vec) {
-    fused_conv_vec_issue_inputs<NT>(prm, share, fs, n, hv, c0, T);
-    cp_async_commit();
+  } else {
+    fused_issue_inputs<NT, Fz::kNorm>(prm, geo, share, fs, n, hv, c0, VT, T);
   }
+  cp_async_commit();
   const GateInputs gates = stage_gates_load<NT>(p, n, 0, T, hv);
 
   const WarpSlots slots = resolve_row_warp(p, n, lane);
@@ -350,10 +349,8 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     return;
   }
   if constexpr (Fz::kOn) {  // the conv's state columns first: small, and needed first
-    if (geo.conv_vec) {
-      fused_conv_vec_issue_state<NT>(prm, share, fs, hv, c0, slots.read);
-      cp_async_commit();
-    }
+    fused_issue_state<NT>(prm, geo, share, fs, hv, c0, slots.read);
+    cp_async_commit();
   }
 
   const int64_t ss0 = p.state.s[0], ss1 = p.state.s[1], ss2 = p.state.s[2];
@@ -374,15 +371,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
   stage_gates_store<NT>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
-    // The norm's gate while the conv inputs land (its loads overlap theirs).
-    if constexpr (Fz::kNorm) fused_norm_gate<NT>(prm, fs, n, hv, c0, VT, T);
-    if (geo.conv_vec) {
-      cp_async_wait_group<1>();  // this thread's conv inputs landed (the state may still be in flight)
-      fused_conv_vec<NT, Fz::kNorm>(prm, share, sm, fs, n, hv, c0, VT, T);
-    } else {
-      fused_conv<NT, Fz::kNorm>(prm, share, sm, fs, n, hv, c0, VT, T, slots.read);
-    }
-    cluster_sync();  // every slice's q/k outputs are in every block of the cluster (fused.cuh)
+    fused_prologue<NT, Fz::kNorm>(prm, geo, share, sm, fs, n, hv, c0, VT, T, slots.read);
     stage_convert_t<K, NT, float, false>(p, geo, sm, T, VT, typename Sh::Pos{});
   } else {
     cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
@@ -461,7 +450,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     }
   }
   if constexpr (Fz::kOn)
-    fused_finish<NT, Fz::kNorm>(prm, share, fs, slots, n, hv, tile, geo.tiles, c0, VT, T, geo.conv_vec);
+    fused_finish<NT, Fz::kNorm>(prm, geo, share, fs, slots, n, hv, tile, c0, VT, T);
 }
 
 template <typename S, int K>

@@ -474,19 +474,18 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
     prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
   }
-  if constexpr (Fz::kOn) fused_started();
+  if constexpr (Fz::kOn) fused_start(*fs);
   pdl_wait();
   pdl_launch_dependents();
 
   // Inputs first: they do not depend on the slot, so their latency overlaps the slot load.
-  // (The fused step's conv loads its inputs itself, once the slot is known.)
+  // (The fused step's conv computes q, k and v instead.)
   if constexpr (!Fz::kOn) {
     stage_issue<kVkThreads>(p, geo, sm, n, 0, T, hv, row0, RT);
-    cp_async_commit();
-  } else if (geo.conv_vec) {
-    fused_conv_vec_issue_inputs<kVkThreads>(prm, *share, *fs, n, hv, row0, T);
-    cp_async_commit();
+  } else {
+    fused_issue_inputs<kVkThreads, Fz::kNorm>(prm, geo, *share, *fs, n, hv, row0, RT, T);
   }
+  cp_async_commit();
   const GateInputs gates = stage_gates_load<kVkThreads>(p, n, 0, T, hv);
 
   slots = resolve_row_warp(p, n, tid & 31);
@@ -496,10 +495,8 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     return false;
   }
   if constexpr (Fz::kOn) {  // the conv's state columns first: small, and needed first
-    if (geo.conv_vec) {
-      fused_conv_vec_issue_state<kVkThreads>(prm, *share, *fs, hv, row0, slots.read);
-      cp_async_commit();
-    }
+    fused_issue_state<kVkThreads>(prm, geo, *share, *fs, hv, row0, slots.read);
+    cp_async_commit();
   }
 
   {
@@ -520,15 +517,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
 
   stage_gates_store<kVkThreads>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
-    // The norm's gate while the conv inputs land (its loads overlap theirs).
-    if constexpr (Fz::kNorm) fused_norm_gate<kVkThreads>(prm, *fs, n, hv, row0, RT, T);
-    if (geo.conv_vec) {
-      cp_async_wait_group<1>();  // this thread's conv inputs landed (the state may still be in flight)
-      fused_conv_vec<kVkThreads, Fz::kNorm>(prm, *share, sm, *fs, n, hv, row0, RT, T);
-    } else {
-      fused_conv<kVkThreads, Fz::kNorm>(prm, *share, sm, *fs, n, hv, row0, RT, T, slots.read);
-    }
-    cluster_sync();  // every slice's q/k outputs are in every block of the cluster (fused.cuh)
+    fused_prologue<kVkThreads, Fz::kNorm>(prm, geo, *share, sm, *fs, n, hv, row0, RT, T, slots.read);
     stage_convert_t<K, kVkThreads, float, false>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
   } else if constexpr (!kDirect) {  // direct: the compute threads read the raw inputs
     cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
@@ -611,7 +600,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     }
   }
   if constexpr (Fz::kOn)
-    fused_finish<kVkThreads, Fz::kNorm>(prm, share, fs, slots, n, hv, tile, geo.tiles, row0, RT, T, geo.conv_vec);
+    fused_finish<kVkThreads, Fz::kNorm>(prm, geo, share, fs, slots, n, hv, tile, row0, RT, T);
 }
 
 }  // namespace gdn::detail::cuda
