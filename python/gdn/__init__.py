@@ -93,6 +93,13 @@ def _flag(x, name):
                     + ("" if x is None else f" ({x!r})"))
 
 
+def _flags(use_qk_l2norm, update_state, check_duplicate_writes):
+    # For the torch.compile path: the ops' schemas read an int as a bool, so without this
+    # update_state=0 would be accepted there and refused by an eager call.
+    return (_flag(use_qk_l2norm, "use_qk_l2norm"), _flag(update_state, "update_state"),
+            _flag(check_duplicate_writes, "check_duplicate_writes"))
+
+
 def _translated(e, names):
     """e (a TypeError or ValueError from decode) with decode's argument names replaced by the
     caller's: a drop-in's caller never saw gdn's names."""
@@ -240,6 +247,8 @@ def decode(
         # would refuse a missing layout with a message about types; this one says what to pass.
         if not _is_layout(layout):
             raise _layout_error(layout)
+        use_qk_l2norm, update_state, check_duplicate_writes = _flags(use_qk_l2norm, update_state,
+                                                                     check_duplicate_writes)
         t.op(q, k, v, state, o, a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g, beta=beta,
              read_slots=read_slots, write_slots=write_slots, token_slots=token_slots,
              num_accepted=num_accepted, inter=inter, error_count=error_count, layout=layout, scale=scale,
@@ -344,6 +353,8 @@ def fused_decode(
     if t is not None and t.compiling():
         if not _is_layout(layout):
             raise _layout_error(layout)
+        use_qk_l2norm, update_state, check_duplicate_writes = _flags(use_qk_l2norm, update_state,
+                                                                     check_duplicate_writes)
         t.fused_op(mixed_qkv, conv_weight, conv_state, state, o, conv_bias=conv_bias, conv_inter=conv_inter,
                    norm_weight=norm_weight, z=z, norm_eps=norm_eps, a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g,
                    beta=beta, read_slots=read_slots, write_slots=write_slots, token_slots=token_slots,

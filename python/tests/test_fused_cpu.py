@@ -233,7 +233,11 @@ def test_write_slot_negative_skips_the_write():
 
 def test_check_duplicate_writes():
     got, want = run_fused_pair(pool_case(42, read=[1, 2, 3], write=[4, 4, 5]), check_duplicate_writes=True)
-    assert_fused_match(got, want)
+    # Slot 4 has two writers, whose rows run concurrently: its content is the caller's error.
+    keep = [s for s in range(9) if s != 4]
+    assert_fused_match({n: got[n][keep] for n in ("state", "conv_state")},
+                       {n: want[n][keep] for n in ("state", "conv_state")})
+    assert_fused_match({n: got[n] for n in ("o", "error_count")}, {n: want[n] for n in ("o", "error_count")})
     assert got["error_count"][0] == 2
 
 
