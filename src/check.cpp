@@ -168,7 +168,7 @@ Status check_memory(const MemList& all) {
       fp[i] = first_element(t, es);
     } else if (!footprint(t, es, &fp[i])) {
       return invalid(std::string(all.m[i].name) + " shape " + shape_str(t) +
-                     " with its strides reaches outside the 64-bit address space (size arithmetic overflows)");
+                     " with its strides reaches outside the address space (past 2^57 bytes, or size arithmetic that overflows 64 bits)");
     }
   }
   for (int i = 0; i < all.n; ++i) {

@@ -139,7 +139,12 @@ bool footprint(const TensorView& v, int64_t itemsize, Footprint* out) {
   const uint64_t base = reinterpret_cast<uintptr_t>(v.data);
   int64_t top;
   if (!add_ok(pos, itemsize, &top)) return false;
-  if (base < static_cast<uint64_t>(neg) || UINT64_MAX - base < static_cast<uint64_t>(top)) return false;
+  // No address space reaches 2^57 bytes (x86-64 with five-level paging; AArch64 and CUDA's
+  // unified addresses stay lower): a view beyond it cannot be memory, however its arithmetic
+  // fits 64 bits.
+  constexpr uint64_t kAddressLimit = uint64_t{1} << 57;
+  if (base < static_cast<uint64_t>(neg) || base > kAddressLimit || static_cast<uint64_t>(top) > kAddressLimit - base)
+    return false;
   f.lo = base - static_cast<uint64_t>(neg);
   f.hi = base + static_cast<uint64_t>(top);
   *out = f;

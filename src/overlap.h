@@ -35,8 +35,8 @@ struct Footprint {
 enum class Overlap { kNo, kYes, kTooHard };
 
 // Fills `out` for `v` with elements of `itemsize` bytes. Returns false when a byte offset or
-// address of the view cannot be represented (int64 / address-space overflow): such a view is
-// refused before any other test.
+// address of the view cannot be represented (int64 overflow) or lies beyond 2^57 bytes, where no
+// address space reaches: such a view is refused before any other test.
 bool footprint(const TensorView& v, int64_t itemsize, Footprint* out);
 
 // The first `elements` elements of a rank-1 view only (error_count uses element 0).

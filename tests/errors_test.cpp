@@ -241,9 +241,9 @@ std::vector<ErrorCase> cases() {
       [](DecodeArgs& a) { a.error_count.data = static_cast<char*>(a.error_count.data) + 1; },
       "error_count data pointer must be aligned");
   add("HugeStrideOverflows", base(), [](DecodeArgs& a) { a.q.strides[0] = INT64_MAX / 2; },
-      "reaches outside the 64-bit address space");
+      "reaches outside the address space");
   add("HugeNegativeStrideOverflows", base(), [](DecodeArgs& a) { a.k.strides[1] = INT64_MIN + 1; },
-      "reaches outside the 64-bit address space");
+      "reaches outside the address space");
 
   // Every written tensor against every other tensor of the call, and against itself.
   // The smaller view is moved inside the larger one's storage, so that no other tensor is hit.

@@ -136,6 +136,9 @@ TEST(Overlap, UnrepresentableRangesAreRefused) {
   EXPECT_FALSE(footprint(huge, 4, &f));
   const TensorView below_zero = fake_view(64, 4, {100}, {-1});
   EXPECT_FALSE(footprint(below_zero, 4, &f));
+  // Representable in 64 bits, but past any address space (2^57 bytes).
+  const TensorView far = fake_view(4096, 4, {3, 2}, {int64_t{1} << 56, 1});
+  EXPECT_FALSE(footprint(far, 4, &f));
   const TensorView empty = fake_view(0, 4, {0, 5}, {INT64_MAX, -3});
   ASSERT_TRUE(footprint(empty, 4, &f));
   EXPECT_TRUE(f.empty);

@@ -89,7 +89,7 @@ bool writes_slot(const Problem& p, int64_t n, int64_t slot) {
 
 }  // namespace
 
-void decode_cpu(const Problem& p) {
+int cpu::count_bad_rows(const Problem& p) {
   int bad = 0;
   for (int64_t n = 0; n < p.B; ++n) bad += resolve_row(p, n).invalid ? 1 : 0;
   if (p.check_duplicate_writes && p.update_state) {
@@ -105,8 +105,16 @@ void decode_cpu(const Problem& p) {
       bad += dup ? 1 : 0;
     }
   }
+  return bad;
+}
+
+void cpu::add_error_count(const Problem& p, int bad) {
   // Atomic: the counter may be shared by calls running on other threads at the same time.
   if (p.error_count != nullptr && bad != 0) std::atomic_ref<int>(*p.error_count).fetch_add(bad);
+}
+
+void decode_cpu(const Problem& p) {
+  cpu::add_error_count(p, cpu::count_bad_rows(p));
   run_all(p);
 }
 

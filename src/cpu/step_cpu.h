@@ -1,5 +1,5 @@
 // The CPU recurrence (docs/semantics.md section 2) in three pieces, shared by decode
-// (decode_cpu.cpp) and the fused layer step (a fused_cpu.cpp), for one (row n, value head hv)
+// (decode_cpu.cpp) and the fused layer step (fused_cpu.cpp), for one (row n, value head hv)
 // and one block of at most kMaxT tokens of the call:
 //
 //   1. inputs      StepInputs holds the block's per-token q, k (normalized, q scaled), v, g
@@ -82,6 +82,12 @@ void store_o(const Problem& p, int64_t n, int64_t hv, int64_t t0, int64_t nt, in
 
 // o[n, t, hv, v0..v1) <- exact zeros for every token t of the call (padding rows).
 void zero_o(const Problem& p, int64_t n, int64_t hv, int64_t v0, int64_t v1);
+
+// Rows the call counts into error_count (docs/semantics.md section 3): invalid rows, plus with
+// check_duplicate_writes the rows writing a slot another row writes (O((B*T)^2), a debugging
+// mode). add_error_count adds them atomically (the counter may be shared across threads).
+int count_bad_rows(const Problem& p);
+void add_error_count(const Problem& p, int bad);
 
 // Which kernels run: "avx2" or "portable".
 const char* cpu_simd_name();
