@@ -3,13 +3,16 @@
 One entry point, :func:`decode`, runs every addressing mode (dense, pool, split pool,
 per-token slots, accepted-token continuation) on any DLPack tensors (torch, numpy,
 cupy, jax) without copying them. :func:`reference_decode` runs the float64 oracle with
-the same signature; :func:`can_implement` runs only the checks. ``gdn.flashinfer`` has
-drop-in functions with FlashInfer's names and parameters, ``gdn.fla`` with FLA's and
-vLLM's. See docs/python.md.
+the same signature; :func:`can_implement` runs only the checks. :func:`fused_decode` runs
+a whole GDN layer step (conv update, SiLU, the recurrence, the gated RMSNorm) with the same
+addressing, next to :func:`reference_fused_decode` and :func:`can_implement_fused`.
+``gdn.flashinfer`` has drop-in functions with FlashInfer's names and parameters,
+``gdn.fla`` with FLA's and vLLM's; ``gdn.transformers`` routes transformers' Qwen3-Next
+and Qwen3.5 GDN layers through :func:`fused_decode`. See docs/python.md.
 
 torch is optional and never imported by gdn: once the caller has imported it, torch
-tensors take a fast path, ``torch.ops.gdn.decode`` is registered, and calls made under
-``torch.compile`` go through that custom op.
+tensors take a fast path, ``torch.ops.gdn.decode`` and ``torch.ops.gdn.fused_decode`` are
+registered, and calls made under ``torch.compile`` go through those custom ops.
 """
 
 import re as _re
@@ -28,6 +31,9 @@ __all__ = [
     "decode",
     "reference_decode",
     "can_implement",
+    "fused_decode",
+    "reference_fused_decode",
+    "can_implement_fused",
     "cuda_available",
     "Status",
     "__version__",
@@ -40,6 +46,9 @@ _modules = _sys.modules
 _run = _C.decode
 _run_reference = _C.reference_decode
 _check = _C.can_implement
+_run_fused = _C.fused_decode
+_run_reference_fused = _C.reference_fused_decode
+_check_fused = _C.can_implement_fused
 
 # The module gdn._torch once the caller has imported torch; None until then. (Not named
 # _torch: `from . import _torch` would find this attribute instead of the submodule.)
@@ -48,12 +57,13 @@ _torch_api = None
 
 def _load_torch():
     """Binds the torch integration if the caller has imported torch; else returns None."""
-    global _torch_api, _run
+    global _torch_api, _run, _run_fused
     if "torch" not in _modules:
         return None
-    from . import _torch as t  # registers torch.ops.gdn.decode
+    from . import _torch as t  # registers torch.ops.gdn.decode and torch.ops.gdn.fused_decode
 
     _run = t._run  # gdn._C_torch where available: it reads torch tensors natively
+    _run_fused = t._run_fused
     _torch_api = t
     return t
 
@@ -83,6 +93,13 @@ def _flag(x, name):
                     + ("" if x is None else f" ({x!r})"))
 
 
+def _flags(use_qk_l2norm, update_state, check_duplicate_writes):
+    # For the torch.compile path: the ops' schemas read an int as a bool, so without this
+    # update_state=0 would be accepted there and refused by an eager call.
+    return (_flag(use_qk_l2norm, "use_qk_l2norm"), _flag(update_state, "update_state"),
+            _flag(check_duplicate_writes, "check_duplicate_writes"))
+
+
 def _translated(e, names):
     """e (a TypeError or ValueError from decode) with decode's argument names replaced by the
     caller's: a drop-in's caller never saw gdn's names."""
@@ -90,6 +107,11 @@ def _translated(e, names):
     for gdn_name, name in names:
         msg = _re.sub(rf"(?<![\w.]){gdn_name}(?!\w)", name, msg)
     return type(e)(msg)
+
+
+def _is_layout(layout):
+    # isinstance first: `!=` against an array argument compares elementwise.
+    return isinstance(layout, str) and (layout == "VK" or layout == "KV")
 
 
 def _layout_error(layout):
@@ -131,7 +153,22 @@ def _new_output(q, v, o_dtype):
     """Allocates o [B, T, HV, V] with q's framework and device (dtype: o_dtype or q's)."""
     qs = _shape_of(q, "q", 4, "[B, T, H, K]")
     vs = _shape_of(v, "v", 4, "[B, T, HV, V]")
-    shape = (qs[0], qs[1], vs[2], vs[3])
+    return _allocate((qs[0], qs[1], vs[2], vs[3]), q, o_dtype)
+
+
+def _new_fused_output(mixed_qkv, state, layout, o_dtype):
+    """Allocates fused_decode's o [B, T, HV, V]: B, T from mixed_qkv, HV and V from the state
+    (V's place in it depends on the layout), with mixed_qkv's framework, device and dtype."""
+    if not _is_layout(layout):
+        raise _layout_error(layout)
+    xs = _shape_of(mixed_qkv, "mixed_qkv", 3, "[B, T, D]")
+    ss = _shape_of(state, "state", 4, "[P, HV, V, K] (VK) or [P, HV, K, V] (KV)")
+    return _allocate((xs[0], xs[1], ss[1], ss[2] if layout == "VK" else ss[3]), mixed_qkv, o_dtype, "mixed_qkv")
+
+
+def _allocate(shape, q, o_dtype, name="q"):
+    """An uninitialised array of `shape` with the framework and device of `q` (the argument
+    called `name`), dtype o_dtype or q's."""
     t = _torch_api if _torch_api is not None else _load_torch()
     if t is not None and isinstance(q, t.Tensor):
         return t.new_output(shape, q, None if o_dtype is None else _check_o_dtype(t.dtype_of(o_dtype)))
@@ -145,7 +182,7 @@ def _new_output(q, v, o_dtype):
         namespace = getattr(q, "__array_namespace__", None)
         dtype = getattr(namespace(), o_dtype, None) if namespace is not None else o_dtype
         if dtype is None:
-            raise ValueError(f"o_dtype {o_dtype!r} is not a dtype of q's framework")
+            raise ValueError(f"o_dtype {o_dtype!r} is not a dtype of {name}'s framework")
         _check_o_dtype(dtype)
     else:
         dtype = _check_o_dtype(o_dtype)
@@ -157,7 +194,7 @@ def _new_output(q, v, o_dtype):
     mod = _modules.get(type(q).__module__.partition(".")[0])
     empty = getattr(mod, "empty", None)
     if empty is None:
-        raise TypeError(f"o: cannot allocate an output for q of type {type(q).__name__}; pass o")
+        raise TypeError(f"o: cannot allocate an output for {name} of type {type(q).__name__}; pass o")
     return empty(shape, dtype=dtype)
 
 
@@ -208,8 +245,10 @@ def decode(
     if t is not None and t.compiling():
         # Under torch.compile the call must be an op the graph can hold. The op's schema
         # would refuse a missing layout with a message about types; this one says what to pass.
-        if layout != "VK" and layout != "KV":
+        if not _is_layout(layout):
             raise _layout_error(layout)
+        use_qk_l2norm, update_state, check_duplicate_writes = _flags(use_qk_l2norm, update_state,
+                                                                     check_duplicate_writes)
         t.op(q, k, v, state, o, a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g, beta=beta,
              read_slots=read_slots, write_slots=write_slots, token_slots=token_slots,
              num_accepted=num_accepted, inter=inter, error_count=error_count, layout=layout, scale=scale,
@@ -263,8 +302,121 @@ def reference_decode(
     return o
 
 
+def fused_decode(
+    mixed_qkv,
+    conv_weight,
+    conv_state,
+    state,
+    o=None,
+    *,
+    conv_bias=None,
+    conv_inter=None,
+    norm_weight=None,
+    z=None,
+    norm_eps=1e-6,
+    a=None,
+    b=None,
+    A_log=None,
+    dt_bias=None,
+    g=None,
+    beta=None,
+    layout=None,
+    read_slots=None,
+    write_slots=None,
+    token_slots=None,
+    num_accepted=None,
+    inter=None,
+    error_count=None,
+    scale=None,
+    use_qk_l2norm=True,
+    update_state=True,
+    check_duplicate_writes=False,
+    o_dtype=None,
+    stream=None,
+):
+    """One fused GDN layer step (docs/semantics.md section 6); returns ``o`` [B, T, HV, V].
+
+    ``mixed_qkv`` [B, T, D] (D = 2*H*K + HV*V, order q | k | v) goes through the causal
+    depthwise conv (``conv_weight`` [D, W], optional ``conv_bias`` [D]) over the conv pool
+    ``conv_state`` [P, D, L] (L >= W - 1, column L - 1 the newest input; any strides), SiLU,
+    the split into q, k, v, the recurrence of :func:`decode` (gates, ``state``, ``layout``,
+    slots, ``inter``, flags exactly as there; the conv pool follows the state's slots), and,
+    with ``norm_weight`` [V], the gated RMSNorm ``o * rsqrt(mean(o^2) + norm_eps) *
+    norm_weight * silu(z)`` (``z`` [B, T, HV, V] optional). ``conv_inter`` [B, T, D, L]
+    receives the conv state after every token. Both pools are updated in place unless
+    ``update_state`` is False. ``o`` is allocated with mixed_qkv's framework when None (dtype
+    ``o_dtype`` or mixed_qkv's). Errors, streams and devices as in :func:`decode`.
+    """
+    if o is None:
+        o = _new_fused_output(mixed_qkv, state, layout, o_dtype)
+    t = _torch_api if _torch_api is not None else _load_torch()
+    if t is not None and t.compiling():
+        if not _is_layout(layout):
+            raise _layout_error(layout)
+        use_qk_l2norm, update_state, check_duplicate_writes = _flags(use_qk_l2norm, update_state,
+                                                                     check_duplicate_writes)
+        t.fused_op(mixed_qkv, conv_weight, conv_state, state, o, conv_bias=conv_bias, conv_inter=conv_inter,
+                   norm_weight=norm_weight, z=z, norm_eps=norm_eps, a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g,
+                   beta=beta, read_slots=read_slots, write_slots=write_slots, token_slots=token_slots,
+                   num_accepted=num_accepted, inter=inter, error_count=error_count, layout=layout, scale=scale,
+                   use_qk_l2norm=use_qk_l2norm, update_state=update_state,
+                   check_duplicate_writes=check_duplicate_writes)
+        return o
+    _run_fused(mixed_qkv, conv_weight, conv_state, conv_bias, conv_inter, norm_weight, z, state, o, a, b, A_log,
+               dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count, layout,
+               scale, use_qk_l2norm, update_state, check_duplicate_writes, stream, norm_eps)
+    return o
+
+
+def reference_fused_decode(
+    mixed_qkv,
+    conv_weight,
+    conv_state,
+    state,
+    o=None,
+    *,
+    conv_bias=None,
+    conv_inter=None,
+    norm_weight=None,
+    z=None,
+    norm_eps=1e-6,
+    a=None,
+    b=None,
+    A_log=None,
+    dt_bias=None,
+    g=None,
+    beta=None,
+    layout=None,
+    read_slots=None,
+    write_slots=None,
+    token_slots=None,
+    num_accepted=None,
+    inter=None,
+    error_count=None,
+    scale=None,
+    use_qk_l2norm=True,
+    update_state=True,
+    check_duplicate_writes=False,
+    o_dtype=None,
+    stream=None,
+):
+    """:func:`fused_decode` computed by the float64 oracle (host tensors only, single thread, slow).
+
+    Rounds o, inter, the state, conv_inter and the conv state to their dtypes only where they
+    are stored; the yardstick the tests measure fused_decode against. ``stream`` is
+    type-checked like fused_decode's and otherwise ignored.
+    """
+    if o is None:
+        o = _new_fused_output(mixed_qkv, state, layout, o_dtype)
+    _run_reference_fused(mixed_qkv, conv_weight, conv_state, conv_bias, conv_inter, norm_weight, z, state, o, a, b,
+                         A_log, dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter,
+                         error_count, layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, stream,
+                         norm_eps)
+    return o
+
+
 class Status:
-    """Result of :func:`can_implement`: truthy when the call is valid.
+    """Result of :func:`can_implement` and :func:`can_implement_fused`: truthy when the call is valid.
 
     ``code`` is "ok", "invalid_argument", "not_supported" or "cuda_error"; ``message``
     names the argument, what was expected and what was given.
@@ -329,6 +481,55 @@ def can_implement(
     r = _check(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots,
                token_slots, num_accepted, inter, error_count, layout, scale, use_qk_l2norm,
                update_state, check_duplicate_writes, stream)
+    if r is None:
+        return _OK
+    return Status(Status._NAMES.get(r[0], str(r[0])), r[1])
+
+
+def can_implement_fused(
+    mixed_qkv,
+    conv_weight,
+    conv_state,
+    state,
+    o=None,
+    *,
+    conv_bias=None,
+    conv_inter=None,
+    norm_weight=None,
+    z=None,
+    norm_eps=1e-6,
+    a=None,
+    b=None,
+    A_log=None,
+    dt_bias=None,
+    g=None,
+    beta=None,
+    layout=None,
+    read_slots=None,
+    write_slots=None,
+    token_slots=None,
+    num_accepted=None,
+    inter=None,
+    error_count=None,
+    scale=None,
+    use_qk_l2norm=True,
+    update_state=True,
+    check_duplicate_writes=False,
+    o_dtype=None,
+    stream=None,
+):
+    """Runs :func:`fused_decode`'s checks without touching tensor data; returns a :class:`Status`.
+
+    A function of its own rather than a mode of :func:`can_implement`: the two calls differ
+    in their leading tensors (q, k, v against mixed_qkv, conv_weight, conv_state), and guessing
+    which call was meant from ranks would turn a caller's mistake into a confusing message.
+    What the binding checks itself raises as in fused_decode.
+    """
+    if o is None:
+        o = _new_fused_output(mixed_qkv, state, layout, o_dtype)
+    r = _check_fused(mixed_qkv, conv_weight, conv_state, conv_bias, conv_inter, norm_weight, z, state, o, a, b, A_log,
+                     dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count, layout,
+                     scale, use_qk_l2norm, update_state, check_duplicate_writes, stream, norm_eps)
     if r is None:
         return _OK
     return Status(Status._NAMES.get(r[0], str(r[0])), r[1])

@@ -1,4 +1,5 @@
-// gdn._C: the CPython side of gdn.decode, gdn.reference_decode and gdn.can_implement.
+// gdn._C: the CPython side of gdn.decode, gdn.reference_decode and gdn.can_implement, and of
+// gdn.fused_decode, gdn.reference_fused_decode and gdn.can_implement_fused.
 //
 // Every tensor argument becomes a gdn::TensorView that points into the caller's memory;
 // nothing is copied, and strides are passed through as they are.
@@ -17,8 +18,8 @@
 // that description. The functions are METH_FASTCALL and take every argument positionally in
 // a fixed order (tensors, then the step scalars, then the operation's own scalars; the Python
 // wrappers in gdn/__init__.py pass them): a keyword-argument parser would cost more than the
-// rest of the call. Adding an operation that shares the recurrence step (fused_decode) is a
-// new table, a traits struct and its three PyMethodDef entries.
+// rest of the call. An operation that shares the recurrence step (DecodeOp, FusedOp) is a
+// table, a traits struct and its PyMethodDef entries.
 //
 // Argument errors raise TypeError for a wrong Python type (a list for a tensor, an int for a
 // flag) and ValueError for a bad value (shapes, dtypes, strides, read-only memory), each naming
@@ -349,6 +350,16 @@ std::optional<void*> parse_step_scalars(PyObject* const* s, gdn::StepArgs& d) {
   return parse_stream(s[kStream]);
 }
 
+// fused_decode's norm_eps: a real number like scale, but required (the op's schema has a
+// float default, not an optional), and >= 0. Checked here rather than left to the C++ checks
+// so that torch.compile's fake implementation, which never reaches them, refuses it alike.
+float parse_norm_eps(PyObject* o) {
+  if (o == Py_None) throw_type_error("norm_eps must be a real number (float or int), got None");
+  const float eps = *parse_real(o, "norm_eps");
+  if (!(eps >= 0.f)) throw_value_error("norm_eps must be finite and >= 0, got " + to_string(o, true));
+  return eps;
+}
+
 // ---------------------------------------------------------------------------------------
 // Tensors
 // ---------------------------------------------------------------------------------------
@@ -586,10 +597,33 @@ struct DecodeOp {
   static gdn::Status reference(const Args& a) { return gdn::reference::decode(a); }
 };
 
+// gdn.fused_decode: the conv inputs, the conv pool and caches, the norm's tensors, then the
+// step's tensors; one scalar of its own, norm_eps, after the step scalars.
+struct FusedOp {
+  using Args = gdn::FusedDecodeArgs;
+  static constexpr auto kTensors = concat(std::array<TensorParam<Args>, 7>{{
+                                              {"mixed_qkv", &Args::mixed_qkv, Access::kRead},
+                                              {"conv_weight", &Args::conv_weight, Access::kRead},
+                                              {"conv_state", &Args::conv_state, Access::kWriteIfUpdate},
+                                              {"conv_bias", &Args::conv_bias, Access::kRead},
+                                              {"conv_inter", &Args::conv_inter, Access::kWrite},
+                                              {"norm_weight", &Args::norm_weight, Access::kRead},
+                                              {"z", &Args::z, Access::kRead},
+                                          }},
+                                          step_tensors<Args>());
+  static constexpr int kNumTensors = static_cast<int>(kTensors.size());
+  static constexpr int kNumExtraScalars = 1;
+  static void parse_extra(PyObject* const* s, Args& d) { d.norm_eps = parse_norm_eps(s[0]); }
+  static gdn::Status check(const Args& a) { return gdn::can_implement(a); }
+  static gdn::Status run(const Args& a, void* stream) { return gdn::fused_decode(a, stream); }
+  static gdn::Status reference(const Args& a) { return gdn::reference::fused_decode(a); }
+};
+
 // An operation is added as a traits struct like DecodeOp (its own tensors concatenated with
 // step_tensors(), its own scalars parsed in parse_extra, its C++ functions) and three
 // PyMethodDef entries below. The C++ memory checks hold up to 24 tensors of one call.
 static_assert(DecodeOp::kNumTensors <= 24);
+static_assert(FusedOp::kNumTensors <= 24);
 
 // ---------------------------------------------------------------------------------------
 // Entry points, generic over the operation
@@ -683,16 +717,18 @@ PyObject* entry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return nullptr;
 }
 
-// The step scalars alone (layout, scale, the flags, stream), for torch.compile's fake
-// implementation of gdn::decode: the graph is traced without data, but a bad scalar should
-// fail there with the message an eager call gives.
-PyObject* check_step_scalars(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+// An operation's scalars alone (layout, scale, the flags, stream, then its own), for
+// torch.compile's fake implementations of the ops: the graph is traced without data, but a bad
+// scalar should fail there with the message an eager call gives.
+template <class Op>
+PyObject* check_scalars(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   try {
-    if (nargs != kNumStepScalars)
-      throw_type_error("_check_step_scalars expects " + std::to_string(kNumStepScalars) + " arguments");
+    constexpr int n = kNumStepScalars + Op::kNumExtraScalars;
+    if (nargs != n) throw_type_error("gdn._C: the scalar check expects " + std::to_string(n) + " arguments");
     if (!g_torch.ready) try_init_torch();
-    gdn::StepArgs d;
+    typename Op::Args d;
     parse_step_scalars(args, d);
+    Op::parse_extra(args + kNumStepScalars, d);
     Py_RETURN_NONE;
   } catch (nb::python_error& e) {
     e.restore();
@@ -716,10 +752,23 @@ PyMethodDef kMethods[] = {
      "Same arguments as decode; runs the float64 oracle (host tensors only). Use gdn.reference_decode."},
     {"can_implement", fastcall<DecodeOp, Mode::kCheck>(), METH_FASTCALL,
      "Same arguments as decode; returns None when the call is valid, else (status code, message)."},
-    {"_check_step_scalars", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&check_step_scalars)),
-     METH_FASTCALL,
+    {"fused_decode", fastcall<FusedOp, Mode::kRun>(), METH_FASTCALL,
+     "fused_decode(mixed_qkv, conv_weight, conv_state, conv_bias, conv_inter, norm_weight, z, state, o, a, b, "
+     "A_log, dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count, layout, scale, "
+     "use_qk_l2norm, update_state, check_duplicate_writes, stream, norm_eps) -> None: raw binding of "
+     "gdn::fused_decode; use gdn.fused_decode."},
+    {"reference_fused_decode", fastcall<FusedOp, Mode::kReference>(), METH_FASTCALL,
+     "Same arguments as fused_decode; runs the float64 oracle (host tensors only). Use gdn.reference_fused_decode."},
+    {"can_implement_fused", fastcall<FusedOp, Mode::kCheck>(), METH_FASTCALL,
+     "Same arguments as fused_decode; returns None when the call is valid, else (status code, message)."},
+    {"_check_step_scalars",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&check_scalars<DecodeOp>)), METH_FASTCALL,
      "_check_step_scalars(layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, stream) -> None: "
      "raises as decode would for a bad scalar."},
+    {"_check_fused_scalars",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&check_scalars<FusedOp>)), METH_FASTCALL,
+     "_check_fused_scalars(layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, stream, norm_eps) "
+     "-> None: raises as fused_decode would for a bad scalar."},
     {nullptr, nullptr, 0, nullptr}};
 
 // Testing helper: reference::compare_vectors, the one implementation of the tolerance rule
@@ -791,6 +840,7 @@ GDN_NB_MODULE(GDN_MODULE_NAME, m) {
         "contiguous vectors of len elements; float32, float16 or uint16 (bf16 bits) host arrays. "
         "Returns a dict of the counts, 'ok' and the worst element.");
   m.attr("NUM_ARGS") = num_args<DecodeOp>();
+  m.attr("FUSED_NUM_ARGS") = num_args<FusedOp>();
 #if defined(GDN_TORCH_ABI)
   m.attr("TORCH_VERSION") = GDN_TORCH_VERSION;  // the torch whose headers this was built with
 #endif

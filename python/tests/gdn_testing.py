@@ -157,3 +157,73 @@ def numpy_decode(q, k, v, state, layout="VK", a=None, b=None, A_log=None, dt_bia
     if layout == "KV":
         S = S.swapaxes(-1, -2)
     return o, S
+
+
+# --- the fused layer step (docs/semantics.md section 6) -------------------------------------
+
+def fused_inputs(rng, B, T, H, HV, K, V, P, layout="VK", dtype=np.float32, state_dtype=np.float32,
+                 conv_dtype=None, W=4, L=None, form="raw", norm=True, gate=True, bias=False):
+    """Random arguments of one fused_decode call: mixed_qkv [B, T, D] ~ N(0, 1), conv taps
+    ~ N(0, 1/W) (so the conv outputs are O(1), as trained taps keep them), a conv pool
+    [P, D, L] and a state pool [P, ...] with P slots, the gates, the norm's weight and z, and a
+    NaN-poisoned o."""
+    D = 2 * H * K + HV * V
+    conv_dtype = conv_dtype or dtype
+    L = W if L is None else L
+    args = dict(
+        mixed_qkv=normal(rng, (B, T, D), dtype),
+        conv_weight=normal(rng, (D, W), dtype, 1.0 / math.sqrt(W)),
+        conv_state=normal(rng, (P, D, L), conv_dtype),
+        state=pool(rng, P, HV, K, V, layout, state_dtype),
+        o=poisoned((B, T, HV, V), dtype),
+        layout=layout,
+    )
+    args.update(gates(rng, B, T, HV, form))
+    if bias:
+        args["conv_bias"] = normal(rng, (D,), dtype, 0.1)
+    if norm:
+        args["norm_weight"] = (1.0 + 0.5 * rng.standard_normal(V)).astype(dtype)
+        if gate:
+            args["z"] = normal(rng, (B, T, HV, V), dtype)
+    return args
+
+
+def run_fused_pair(build, **kwargs):
+    """run_pair for fused_decode: ``build()`` is called twice with the same seed; the first
+    set of buffers goes to gdn.fused_decode, the second to gdn.reference_fused_decode."""
+    args_got, got = build()
+    gdn.fused_decode(**args_got, **kwargs)
+    args_want, want = build()
+    gdn.reference_fused_decode(**args_want, **kwargs)
+    return got, want
+
+
+def numpy_fused(mixed_qkv, conv_weight, conv_state, state, layout="VK", conv_bias=None, norm_weight=None, z=None,
+                norm_eps=1e-6, scale=None, use_qk_l2norm=True, **gate_args):
+    """Docs/semantics.md section 6 in float64 numpy, dense mode: the conv window over
+    [conv_state, mixed_qkv], SiLU, the q | k | v split, numpy_decode, the gated RMSNorm.
+    Returns (o, new state, new conv state)."""
+    B, T, D = mixed_qkv.shape
+    W, L = conv_weight.shape[1], conv_state.shape[2]
+    HV = state.shape[1]
+    K, V = (state.shape[3], state.shape[2]) if layout == "VK" else (state.shape[2], state.shape[3])
+    H = (D - HV * V) // (2 * K)
+    f = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    window = np.concatenate([f(conv_state), f(mixed_qkv).transpose(0, 2, 1)], axis=2)  # [B, D, L + T]
+    y = np.zeros((B, T, D))
+    for t in range(T):
+        first = L + t - (W - 1)
+        y[:, t] = (window[:, :, first:first + W] * f(conv_weight)[None]).sum(axis=2)
+    if conv_bias is not None:
+        y += f(conv_bias)
+    y = y / (1.0 + np.exp(-y))
+    q = y[..., :H * K].reshape(B, T, H, K)
+    k = y[..., H * K:2 * H * K].reshape(B, T, H, K)
+    v = y[..., 2 * H * K:].reshape(B, T, HV, V)
+    o, S = numpy_decode(q, k, v, state, layout, scale=scale, use_qk_l2norm=use_qk_l2norm, **gate_args)
+    if norm_weight is not None:
+        o = o / np.sqrt((o * o).mean(axis=-1, keepdims=True) + norm_eps) * f(norm_weight)
+        if z is not None:
+            zz = f(z)
+            o = o * zz / (1.0 + np.exp(-zz))
+    return o, S, window[:, :, T:T + L]

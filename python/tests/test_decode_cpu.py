@@ -713,13 +713,22 @@ def _entry_points():
         args["ssm_state_indices"] = np.array([1, 0], np.int32)
         return args
 
+    def fused_args():
+        from gdn_testing import fused_inputs
+
+        args = fused_inputs(np.random.default_rng(81), 2, 1, 1, 2, 64, 64, 4)
+        del args["o"]
+        return dict(args, read_slots=np.array([0, 1], np.int32))
+
     return [(gdn.decode, decode_args), (gdn.reference_decode, decode_args), (gdn.can_implement, decode_args),
+            (gdn.fused_decode, fused_args), (gdn.reference_fused_decode, fused_args),
+            (gdn.can_implement_fused, fused_args),
             (fi.gated_delta_rule_decode_pretranspose, fi_pre), (fi.gated_delta_rule_decode, fi_pre),
             (fi.gated_delta_rule_mtp, fi_mtp), (fla.fused_recurrent_gated_delta_rule, fla_args),
             (fla.fused_recurrent_gated_delta_rule_vllm, vllm_args)]
 
 
-SCALARS = {"layout", "scale", "use_qk_l2norm", "update_state", "check_duplicate_writes", "o_dtype", "stream",
+SCALARS = {"layout", "scale", "norm_eps", "use_qk_l2norm", "update_state", "check_duplicate_writes", "o_dtype", "stream",
            "disable_state_update", "output_final_state", "inplace_final_state", "use_qk_l2norm_in_kernel"}
 
 

@@ -4,74 +4,16 @@ FlashInfer shims, strided pools and packed qkv. Skipped with a reason where torc
 CUDA device (or gdn's CUDA backend) is missing; the torch-on-CPU tests run wherever torch is
 installed."""
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the GPU machine's CI has it)")
 
 import gdn  # noqa: E402  (after torch: the integration binds at import)
 from gdn import flashinfer as fi  # noqa: E402
-from gdn_testing import assert_matches  # noqa: E402
-
-HAVE_CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(
-    not HAVE_CUDA or not gdn.cuda_available(),
-    reason="needs a CUDA device and a gdn build with the CUDA backend"
-    + ("" if HAVE_CUDA else " (torch sees no CUDA device)")
-    + ("" if gdn.cuda_available() else " (gdn was built without CUDA)"),
-)
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
-BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+from torch_testing import BF16, DEVICES, F16, F32, Draw, assert_close, needs_cuda  # noqa: E402
 
 
 # --- helpers --------------------------------------------------------------------------------
-
-class Draw:
-    """Seeded draws on the CPU, moved to `device`: the same numbers for every device."""
-
-    def __init__(self, seed, device):
-        self.gen = torch.Generator().manual_seed(seed)
-        self.device = device
-
-    def normal(self, shape, dtype=F32, std=1.0):
-        return (std * torch.randn(shape, generator=self.gen, dtype=torch.float64)).to(dtype).to(self.device)
-
-    def uniform(self, shape, lo, hi, dtype=F32):
-        x = lo + (hi - lo) * torch.rand(shape, generator=self.gen, dtype=torch.float64)
-        return x.to(dtype).to(self.device)
-
-    def nan(self, shape, dtype):
-        return torch.full(shape, float("nan"), dtype=dtype, device=self.device)
-
-    def inputs(self, B, T, H, HV, K, V, dtype=BF16, gate_dtype=None):
-        gate_dtype = gate_dtype or dtype
-        return dict(
-            q=self.normal((B, T, H, K), dtype), k=self.normal((B, T, H, K), dtype),
-            v=self.normal((B, T, HV, V), dtype),
-            a=self.normal((B, T, HV), gate_dtype), b=self.normal((B, T, HV), gate_dtype),
-            A_log=self.uniform((HV,), 1.0, 16.0).log(), dt_bias=self.normal((HV,), F32, 0.1),
-        )
-
-    def pool(self, P, HV, K, V, layout="VK", dtype=F32):
-        return self.normal((P, HV, V, K) if layout == "VK" else (P, HV, K, V), dtype, 0.1)
-
-
-def assert_close(got, want, name):
-    """docs/semantics.md section 5 on torch tensors (any device), by gdn_testing.assert_matches."""
-    got, want = got.detach().cpu(), want.detach().cpu()
-    assert got.dtype == want.dtype and got.shape == want.shape, f"{name}: {got.dtype}{tuple(got.shape)} vs {want.dtype}{tuple(want.shape)}"
-    if got.dtype in (torch.int32, torch.int64):
-        assert torch.equal(got, want), f"{name}: {got} != {want}"
-        return
-    assert_matches(to_numpy(got), to_numpy(want), name)
-
-
-def to_numpy(x):
-    """A host tensor as numpy; bf16 as uint16 bit patterns (numpy has no bfloat16)."""
-    if x.dtype != BF16:
-        return x.contiguous().numpy()
-    return x.contiguous().view(torch.int16).numpy().view(np.uint16)
-
 
 def run_vs_oracle(build, device, **kwargs):
     """build(device) -> (decode kwargs, observed tensors). Runs gdn.decode on `device` and
@@ -310,6 +252,19 @@ def test_compile_names_a_missing_layout():
         return gdn.decode(**args) + 1
 
     with torch.no_grad(), pytest.raises(Exception, match="layout is required"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(args)
+
+
+def test_compile_refuses_an_int_flag():
+    # The op's schema would read update_state=0 as False; an eager call refuses it, and so
+    # must compiled code.
+    torch._dynamo.reset()
+    args, _ = dense(192, B=2, dtype=F32)("cpu")
+
+    def f(args):
+        return gdn.decode(**args, update_state=0) + 1
+
+    with torch.no_grad(), pytest.raises(Exception, match="update_state must be a bool"):
         torch.compile(f, fullgraph=True, backend="aot_eager")(args)
 
 

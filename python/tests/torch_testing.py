@@ -1,0 +1,67 @@
+"""Shared helpers for gdn's torch tests: seeded draws on any device, the CUDA skip marker, and
+docs/semantics.md section 5 on torch tensors (through gdn_testing.assert_matches). Imported
+only by test modules that have already skipped themselves without torch."""
+
+import numpy as np
+import pytest
+import torch
+
+import gdn
+from gdn_testing import assert_matches
+
+HAVE_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(
+    not HAVE_CUDA or not gdn.cuda_available(),
+    reason="needs a CUDA device and a gdn build with the CUDA backend"
+    + ("" if HAVE_CUDA else " (torch sees no CUDA device)")
+    + ("" if gdn.cuda_available() else " (gdn was built without CUDA)"),
+)
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+
+
+class Draw:
+    """Seeded draws on the CPU, moved to `device`: the same numbers for every device."""
+
+    def __init__(self, seed, device):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.device = device
+
+    def normal(self, shape, dtype=F32, std=1.0):
+        return (std * torch.randn(shape, generator=self.gen, dtype=torch.float64)).to(dtype).to(self.device)
+
+    def uniform(self, shape, lo, hi, dtype=F32):
+        x = lo + (hi - lo) * torch.rand(shape, generator=self.gen, dtype=torch.float64)
+        return x.to(dtype).to(self.device)
+
+    def nan(self, shape, dtype):
+        return torch.full(shape, float("nan"), dtype=dtype, device=self.device)
+
+    def inputs(self, B, T, H, HV, K, V, dtype=BF16, gate_dtype=None):
+        gate_dtype = gate_dtype or dtype
+        return dict(
+            q=self.normal((B, T, H, K), dtype), k=self.normal((B, T, H, K), dtype),
+            v=self.normal((B, T, HV, V), dtype),
+            a=self.normal((B, T, HV), gate_dtype), b=self.normal((B, T, HV), gate_dtype),
+            A_log=self.uniform((HV,), 1.0, 16.0).log(), dt_bias=self.normal((HV,), F32, 0.1),
+        )
+
+    def pool(self, P, HV, K, V, layout="VK", dtype=F32):
+        return self.normal((P, HV, V, K) if layout == "VK" else (P, HV, K, V), dtype, 0.1)
+
+
+def assert_close(got, want, name):
+    """docs/semantics.md section 5 on torch tensors (any device), by gdn_testing.assert_matches."""
+    got, want = got.detach().cpu(), want.detach().cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape, f"{name}: {got.dtype}{tuple(got.shape)} vs {want.dtype}{tuple(want.shape)}"
+    if got.dtype in (torch.int32, torch.int64):
+        assert torch.equal(got, want), f"{name}: {got} != {want}"
+        return
+    assert_matches(to_numpy(got), to_numpy(want), name)
+
+
+def to_numpy(x):
+    """A host tensor as numpy; bf16 as uint16 bit patterns (numpy has no bfloat16)."""
+    if x.dtype != BF16:
+        return x.contiguous().numpy()
+    return x.contiguous().view(torch.int16).numpy().view(np.uint16)
