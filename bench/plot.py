@@ -14,6 +14,7 @@ Each file is recognised by its rows:
 - `bench/fla_compare.py --json` (rows: state, T, B, gdn_us and one <peer>_us per peer):
   `vs-<peer>.png`, the peer's time over gdn's (> 1: gdn is faster) against B, one panel per
   state dtype, one line per T; gdn writing out of place (gdn_oop_us, the peer's traffic) dotted.
+  Its decode rows only (`--op decode`); with rows of several models, `vs-<peer>-<model>.png`.
 
 Figure names do not carry the commit (docs link them by name; the title says which run), so
 give one file of each kind per call or a separate --out for each.
@@ -70,9 +71,16 @@ def kind(doc):
     rows = doc.get("rows") or []
     if rows and all("model" in r and "us" in r for r in rows):
         return "bench"
-    if rows and all("gdn_us" in r for r in rows):
+    peers = _decode_rows(rows)
+    if peers and all("gdn_us" in r for r in peers):
         return "peers"
     return None
+
+
+def _decode_rows(rows):
+    # fla_compare --op fused rows (decode_us, chain_us, fused_us: one gdn call against a chain) get
+    # no figure here; rows written before --op existed have no "op"
+    return [r for r in rows if r.get("op", "decode") == "decode"]
 
 
 def plot_bench(doc, out, dpi, modes=None):
@@ -121,45 +129,53 @@ def plot_bench(doc, out, dpi, modes=None):
 
 
 def plot_peers(doc, out, dpi):
-    """fla_compare JSON -> vs-<peer>.png; returns the paths written."""
-    rows = doc["rows"]
+    """fla_compare JSON -> vs-<peer>.png (vs-<peer>-<model>.png when the rows hold several
+    models); returns the paths written."""
+    rows = _decode_rows(doc["rows"])
     peers = sorted({k[:-3] for r in rows for k in r if k.endswith("_us") and k not in NOT_PEERS})
     if not peers:
         raise ValueError("no <peer>_us fields in the rows")
+    models = sorted({r.get("model") for r in rows}, key=str)  # None: rows written before --model existed
+    paths = []
+    for model in models:
+        mrows = [r for r in rows if r.get("model") == model]
+        suffix = f"-{model}" if len(models) > 1 else ""
+        for peer in peers:
+            paths.append(_plot_peer(doc, mrows, peer, model, out, f"vs-{peer}{suffix}.png", dpi))
+    return paths
+
+
+def _plot_peer(doc, rows, peer, model, out, name, dpi):
+    key = f"{peer}_us"
     states = _states(rows)
     colors = _t_colors({r["T"] for r in rows})
     bs = sorted({r["B"] for r in rows})
-    paths = []
-    for peer in peers:
-        key = f"{peer}_us"
-        fig, axes = plt.subplots(1, len(states), figsize=(4.6 * len(states), 3.9), sharey=True,
-                                 squeeze=False)
-        for ax, state in zip(axes[0], states):
-            for t in sorted(colors):
-                sel = sorted((r for r in rows if r["state"] == state and r["T"] == t and key in r),
-                             key=lambda r: r["B"])
-                if not sel:
-                    continue
-                ax.plot([r["B"] for r in sel], [r[key] / r["gdn_us"] for r in sel], "-o", ms=3.5, lw=1.4,
-                        color=colors[t], label=f"T={t}")
-                oop = [r for r in sel if "gdn_oop_us" in r]
-                if oop:
-                    ax.plot([r["B"] for r in oop], [r[key] / r["gdn_oop_us"] for r in oop], ":", lw=1.2,
-                            color=colors[t], label=f"T={t}, gdn out of place")
-            ax.axhline(1, color="black", lw=0.8, alpha=0.6)
-            ax.set_title(f"{state} state")
-            _b_axis(ax, bs)
-        axes[0][0].set_ylabel(f"{peer.upper()} time / gdn time")
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
-        version = doc.get(f"{peer}_version")
-        shape = doc.get("shape", {})
-        fig.suptitle(f"{peer.upper()}{' ' + version if version else ''} against gdn "
-                     f"{doc.get('gdn_commit', '?')} (> 1: gdn faster), {shape.get('mode', '')} "
-                     f"{shape.get('layout', '')}: {doc.get('device', '?').split(',')[0]}", fontsize=10)
-        fig.tight_layout(rect=(0, 0, 0.82, 1))
-        paths.append(_save(fig, out, f"vs-{peer}.png", dpi))
-    return paths
+    fig, axes = plt.subplots(1, len(states), figsize=(4.6 * len(states), 3.9), sharey=True, squeeze=False)
+    for ax, state in zip(axes[0], states):
+        for t in sorted(colors):
+            sel = sorted((r for r in rows if r["state"] == state and r["T"] == t and key in r), key=lambda r: r["B"])
+            if not sel:
+                continue
+            ax.plot([r["B"] for r in sel], [r[key] / r["gdn_us"] for r in sel], "-o", ms=3.5, lw=1.4,
+                    color=colors[t], label=f"T={t}")
+            oop = [r for r in sel if "gdn_oop_us" in r]
+            if oop:
+                ax.plot([r["B"] for r in oop], [r[key] / r["gdn_oop_us"] for r in oop], ":", lw=1.2,
+                        color=colors[t], label=f"T={t}, gdn out of place")
+        ax.axhline(1, color="black", lw=0.8, alpha=0.6)
+        ax.set_title(f"{state} state")
+        _b_axis(ax, bs)
+    axes[0][0].set_ylabel(f"{peer.upper()} time / gdn time")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+    version = doc.get(f"{peer}_version")
+    shape = doc.get("shape", {})
+    fig.suptitle(f"{peer.upper()}{' ' + version if version else ''} against gdn "
+                 f"{doc.get('gdn_commit', '?')} (> 1: gdn faster), {model + ', ' if model else ''}"
+                 f"{shape.get('mode', '')} {shape.get('layout', '')}: {doc.get('device', '?').split(',')[0]}",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0, 0.82, 1))
+    return _save(fig, out, name, dpi)
 
 
 def main(argv=None):
@@ -178,7 +194,7 @@ def main(argv=None):
             doc = json.load(f)
         k = kind(doc)
         if k is None:
-            p.error(f"{path}: neither a gdn bench nor a fla_compare JSON")
+            p.error(f"{path}: neither a gdn bench JSON nor a fla_compare JSON with decode rows")
         if k in seen:
             p.error(f"{path} and {seen[k]} would write the same figures: give each its own --out")
         seen[k] = path

@@ -58,6 +58,22 @@ def test_peers_json(tmp_path):
     assert_pngs(run_plot(tmp_path, src), ["vs-fla.png"])
 
 
+def test_peers_json_with_fused_rows(tmp_path):
+    # fla_compare --op all over two models: decode rows per model, fused rows (no gdn_us) left out
+    rows = [{"op": "decode", "model": m, "state": "fp32", "T": 1, "B": B, "floor_us": 1.0, "fla_us": 2.0 * B,
+             "gdn_us": 1.5 * B} for m in ("qwen3-next", "qwen3.5") for B in (1, 4)]
+    rows += [{"op": "fused", "model": "qwen3-next", "state": "bf16", "T": 1, "B": B, "floor_us": 1.0,
+              "decode_us": 1.0 * B, "chain_us": 1.4 * B, "fused_us": 1.1 * B, "fused_vllm_us": 1.05 * B}
+             for B in (1, 4)]
+    src = tmp_path / "all.json"
+    src.write_text(json.dumps({"device": "test GPU, 1 SM", "gdn_commit": "abc1234", "fla_version": "0.6.0",
+                               "shape": {"mode": "dense", "layout": "VK"}, "rows": rows}))
+    assert_pngs(run_plot(tmp_path, src), ["vs-fla-qwen3-next.png", "vs-fla-qwen3.5.png"])
+    src.write_text(json.dumps({"rows": rows[-2:]}))  # fused rows alone: nothing to draw
+    r = subprocess.run([sys.executable, PLOT, str(src), "--out", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode != 0 and "decode rows" in r.stderr
+
+
 def test_rejects_other_json(tmp_path):
     src = tmp_path / "other.json"
     src.write_text(json.dumps({"rows": [{"x": 1}]}))

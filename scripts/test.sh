@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test: the C++ suite (ctest; GPU tests skip with a reason
 # when no GPU is visible), the installed C++ package through examples/consumer, and the Python
-# tests (pip install ., then pytest: the package's tests and bench/'s plotting script).
+# tests (pip install ., then pytest: the package's tests, bench/'s plotting script and, where FLA
+# is installed, bench/fla_compare.py's checks on the CPU under Triton's interpreter).
 # With nvcc present the CUDA backend is compiled too. BUILD_DIR overrides the build folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
