@@ -7,21 +7,22 @@
 // HV/H value heads of the GVA group times the tiles of each head — form a thread-block
 // cluster of C blocks (the host sizes the tiles so it fits), and share the work:
 // - the 2K conv channels of q and k are cut into C slices; block rank r computes slice r
-//   (loads its conv columns, inputs and taps, the conv, SiLU) and sends the outputs to every
-//   block of the cluster (distributed shared memory, st.async); each block computes its own v
+//   (loads its conv columns, inputs and taps, the conv, SiLU) and stores the outputs into every
+//   block of the cluster (distributed shared memory); each block computes its own v
 //   channels. So each q/k channel is computed once per row, not once per block, and each conv
 //   channel's state is read and written by the one block that owns it: an in-place update
 //   (write slot = read slot) never races a read;
-// - the RMSNorm's mean over V spans the tiles of one value head: each block sends its sums of
-//   squares per token to every tile of its head, and every tile adds the same numbers in the
+// - the RMSNorm's mean over V spans the tiles of one value head: each block stores its sums of
+//   squares per token into every tile of its head, and every tile adds the same numbers in the
 //   same order, so all get the same factor bit for bit.
-// Each exchange lands on a transaction barrier (mbarrier) of the receiving block, which waits
-// for exactly its bytes: a block waits only for the data it reads, never for the others to
-// arrive anywhere. (A cluster barrier with release semantics compiles to a GPU-scope memory
-// barrier: at B = 64 each block waited there for its own 32 KB of state stores to be
-// acknowledged before it could exit; ncu, 2e70ce5.) A receiver cannot exit before its bytes
-// land, so no store reaches an exited block. A padding or invalid row leaves every block of
-// its cluster at the same early return, before any exchange.
+// Each exchange ends at a cluster barrier (arrive.release, wait.acquire). After each barrier a
+// block only touches its own shared memory, so none needs to wait for the others before it
+// exits; the norm's barrier is skipped where a head is one tile (no sums cross blocks: every
+// bf16 grid of more than one wave), since its release compiles to a GPU-scope memory barrier
+// that waits for the block's state stores. (Transaction barriers fed by st.async, tried in
+// c944157, removed that wait everywhere but left racecheck and synccheck reports that could
+// not be explained; docs/design.md.) A padding or invalid row leaves every block of its
+// cluster at the same early return, before any exchange.
 #pragma once
 
 #include "common.cuh"
@@ -61,31 +62,12 @@ __device__ __forceinline__ unsigned cluster_rank() {
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-// A transaction barrier (mbarrier) of one phase: one arrival, the receiver's own expect_tx
-// (mbar_expect), and the bytes that other blocks send by st.async, which may land before it.
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+// arrive.release + wait.acquire: every store of a block of the cluster before its arrival is
+// visible to every block after its wait. Every thread of the block executes both (.aligned:
+// warp-uniform).
+__device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-#endif
-}
-// Waits for the barrier's first phase; acquire at cluster scope: the bytes came from other
-// blocks of the cluster.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_u32(bar))
-        : "memory");
-  } while (!done);
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
 // The address of this block's `local` shared memory in the block of cluster rank `rank`.
@@ -110,27 +92,23 @@ __device__ __forceinline__ void fused_wait_started() {
 #endif
 }
 // Stores v at `local` (an address of this block's shared memory) in the block of cluster rank
-// `rank` instead, completing 4 (16) bytes on that block's barrier `bar` (same local address).
-__device__ __forceinline__ void st_async_f32(float* local, unsigned rank, float v, uint64_t* bar) {
+// `rank` instead.
+__device__ __forceinline__ void st_cluster_f32(float* local, unsigned rank, float v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
-                   remote_smem(local, rank)),
-               "f"(v), "r"(remote_smem(bar, rank))
-               : "memory");
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote_smem(local, rank)), "f"(v) : "memory");
 #else
-  (void)rank, (void)bar;
+  (void)rank;
   *local = v;
 #endif
 }
 
-__device__ __forceinline__ void st_async_f32x4(float* local, unsigned rank, float4 v, uint64_t* bar) {
+__device__ __forceinline__ void st_cluster_f32x4(float* local, unsigned rank, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
-                   remote_smem(local, rank)),
-               "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(remote_smem(bar, rank))
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote_smem(local, rank)), "f"(v.x),
+               "f"(v.y), "f"(v.z), "f"(v.w)
                : "memory");
 #else
-  (void)rank, (void)bar;
+  (void)rank;
   *reinterpret_cast<float4*>(local) = v;
 #endif
 }
@@ -167,10 +145,9 @@ struct FusedSmem {
   float* o = nullptr;     // [T][nc] the raw recurrence output, until the norm factor is known (norm only)
   float* zw = nullptr;    // [T][nc] norm_weight * silu(z) (norm only); with geo.norm_vec, z's raw rows
   float* wn = nullptr;    // [nc] with geo.norm_vec: norm_weight's raw elements (norm only)
-  float* part = nullptr;  // [kMaxTiles][16] sums of o^2 per token, sent by each tile of the head
+  float* part = nullptr;  // [kMaxTiles][16] sums of o^2 per token, stored by each tile of the head
   float* fac = nullptr;   // [16] rsqrt(mean(o^2) + eps) per token
   int64_t* ws = nullptr;  // [16] the conv write slot of each token (< 0: none)
-  uint64_t* bar = nullptr;  // [2] transaction barriers: the q/k slices, the norm's sums
 };
 
 __host__ __device__ constexpr int round4(int f) { return (f + 3) / 4 * 4; }
@@ -184,8 +161,7 @@ __host__ __device__ constexpr int fused_win_floats(const FusedShare& s, int W) {
 // Floats after the staging area, each region a multiple of 16 bytes, plus 4 of slack to align
 // the start.
 __host__ __device__ inline int fused_smem_floats(const FusedShare& s, int T, int nc, int W, bool norm) {
-  return 4 + fused_win_floats(s, W) + (norm ? 2 * round4(T * nc) + round4(nc) : 0) + kMaxTiles * 16 + 16 + 2 * 16 +
-         4;
+  return 4 + fused_win_floats(s, W) + (norm ? 2 * round4(T * nc) + round4(nc) : 0) + kMaxTiles * 16 + 16 + 2 * 16;
 }
 
 __device__ __forceinline__ FusedSmem carve_fused(const FusedShare& s, float* base, int T, int nc, int W, bool norm) {
@@ -199,7 +175,6 @@ __device__ __forceinline__ FusedSmem carve_fused(const FusedShare& s, float* bas
   m.part = m.wn + (norm ? round4(nc) : 0);
   m.fac = m.part + kMaxTiles * 16;
   m.ws = reinterpret_cast<int64_t*>(m.fac + 16);  // 16-byte aligned: every region is a multiple of 4 floats
-  m.bar = reinterpret_cast<uint64_t*>(m.ws + 16);
   return m;
 }
 
@@ -222,36 +197,12 @@ __device__ __forceinline__ int fused_slice_count(const FusedShare& s, int K, int
   return first >= 2 * K ? 0 : first + s.S <= 2 * K ? s.S : 2 * K - first;
 }
 
-// Bytes the block receives on fs.bar[0]: the other ranks' q/k slices for T tokens.
-__device__ __forceinline__ unsigned fused_slice_bytes(const FusedShare& s, int K, int T) {
-  unsigned bytes = 0;
-  const int rank = static_cast<int>(cluster_rank());
-  for (int r = 0; r < s.C; ++r)
-    if (r != rank) bytes += static_cast<unsigned>(fused_slice_count(s, K, r) * T) * 4u;
-  return bytes;
-}
-
-// Before pdl_wait, in place of nothing in the plain step: the barriers set up (visible to the
-// cluster by the arrival's fence) and the block's arrival at the cluster barrier that says it
-// runs (fused_wait_started).
-__device__ __forceinline__ void fused_start(const FusedSmem& fs) {
-  if (threadIdx.x == 0) {
-    mbar_init(&fs.bar[0]);
-    mbar_init(&fs.bar[1]);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-  }
-  fused_started();
-}
-
 // The block's q/k slice of conv outputs (written locally into the raw staging area) into every
 // other block of the cluster, all threads sharing the stores, 16 bytes at a time where the slice
-// allows it, each completing on the receiver's fs.bar[0]. The caller syncs the block before
-// (the outputs are complete).
+// allows it. The caller syncs the block before (the outputs are complete) and the cluster after.
 template <int NT>
 __device__ __forceinline__ void fused_push_slice(const Problem& p, const FusedShare& s, const StageSmem& sm,
-                                                 const FusedSmem& fs, int T) {
+                                                 int T) {
   if (s.C == 1) return;
   const int K = static_cast<int>(p.K);
   const unsigned rank = cluster_rank();
@@ -270,11 +221,11 @@ __device__ __forceinline__ void fused_push_slice(const Problem& p, const FusedSh
     if (vec) {
       const int qc = first + 4 * e;
       float* const at = raw + (qc < K ? qc : T * K + qc - K) + t * K;
-      st_async_f32x4(at, to, *reinterpret_cast<const float4*>(at), &fs.bar[0]);
+      st_cluster_f32x4(at, to, *reinterpret_cast<const float4*>(at));
     } else {
       const int qc = first + e;
       float* const at = raw + (qc < K ? qc : T * K + qc - K) + t * K;
-      st_async_f32(at, to, *at, &fs.bar[0]);
+      st_cluster_f32(at, to, *at);
     }
   }
 }
@@ -390,7 +341,7 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
     }
   }
   __syncthreads();  // the slice's outputs are complete
-  fused_push_slice<NT>(p, s, sm, fs, T);
+  fused_push_slice<NT>(p, s, sm, T);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -518,7 +469,7 @@ __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const Fuse
     }
   }
   __syncthreads();  // the slice's outputs are complete
-  fused_push_slice<NT>(p, s, sm, fs, T);
+  fused_push_slice<NT>(p, s, sm, T);
 }
 
 // The conv state after each stored token (and conv_inter) for the thread's groups: 16-byte
@@ -550,7 +501,7 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
 }
 
 // ---------------------------------------------------------------------------------------
-// The fused step's part of the tile kernels' prologue, in their order: fused_start before
+// The fused step's part of the tile kernels' prologue, in their order: fused_started before
 // pdl_wait; fused_issue_inputs before the row's slot is known and fused_issue_state after it
 // (one cp.async group each, committed by the caller, empty where nothing goes that way);
 // fused_prologue once the gates are staged: q, k and v in the raw staging area, fp32, as
@@ -585,8 +536,7 @@ __device__ __forceinline__ void fused_prologue(const FusedProblem& f, const Geom
   } else {
     fused_conv<NT, kNorm>(f, s, sm, fs, n, hv, c0, nc, T, slot);
   }
-  if (threadIdx.x == 0) mbar_expect(&fs.bar[0], fused_slice_bytes(s, static_cast<int>(f.step.K), T));
-  mbar_wait(&fs.bar[0]);  // the other slices' q/k outputs landed here
+  cluster_sync();  // every slice's q/k outputs are in every block of the cluster
 }
 
 // ---------------------------------------------------------------------------------------
@@ -611,8 +561,8 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
       if (lane == 0) fs.ws[t] = ws;
     }
   if constexpr (kNorm) {
-    // This tile's sums of squares, one warp per token in a fixed order, sent to every tile of
-    // the head (the cluster is head-major: the head's tile 0 has rank rank - tile).
+    // This tile's sums of squares, one warp per token in a fixed order, stored into every tile
+    // of the head (the cluster is head-major: the head's tile 0 has rank rank - tile).
     for (int t = warp; t < T; t += NT / 32) {
       float ss = 0.f;
       for (int c = lane; c < nc; c += 32) {
@@ -624,7 +574,7 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
       if (lane == tile)
         fs.part[tile * 16 + t] = ss;
       else if (lane < tiles)
-        st_async_f32(&fs.part[tile * 16 + t], rank - tile + lane, ss, &fs.bar[1]);
+        st_cluster_f32(&fs.part[tile * 16 + t], rank - tile + lane, ss);
     }
   }
   __syncthreads();  // fs.ws, this tile's own sums
@@ -656,10 +606,9 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
   }
 
   if constexpr (kNorm) {
-    if (threadIdx.x == 0) mbar_expect(&fs.bar[1], static_cast<unsigned>((tiles - 1) * T) * 4u);
+    if (tiles > 1) cluster_sync();  // every tile's sums are in every tile of the head (uniform over the cluster)
     if (static_cast<int>(threadIdx.x) < T) {
       const int t = threadIdx.x;
-      mbar_wait(&fs.bar[1]);  // the other tiles' sums landed here
       float ss = 0.f;
       for (int j = 0; j < tiles; ++j) ss += fs.part[j * 16 + t];
       fs.fac[t] = rsqrtf(ss / static_cast<float>(p.V) + f.norm_eps);

@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
   warm_params(prm);
   if (geo.prefetch) prefetch_state_l2(p, n, hv, 0, K, c0, VT * static_cast<int>(sizeof(S)), tid, NT);
-  if constexpr (Fz::kOn) fused_start(fs);
+  if constexpr (Fz::kOn) fused_started();
   pdl_wait();
   pdl_launch_dependents();
 

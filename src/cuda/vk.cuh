@@ -474,7 +474,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
     prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
   }
-  if constexpr (Fz::kOn) fused_start(*fs);
+  if constexpr (Fz::kOn) fused_started();
   pdl_wait();
   pdl_launch_dependents();
 
