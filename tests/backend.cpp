@@ -104,50 +104,6 @@ bool device_can_allocate(Backend b, size_t bytes, std::string* why) {
   return true;
 }
 
-Status run_decode(Backend backend, const Case& c, const std::function<void(DecodeArgs&)>& fixup,
-                  Status* can_implement_status) {
-  DecodeArgs args = c.args();
-  if (backend == Backend::kCpu) {
-    if (fixup) fixup(args);
-    if (can_implement_status) *can_implement_status = can_implement(args);
-    return decode(args, nullptr);
-  }
-  Mirror mirror(c.storages());
-  if (std::string err = mirror.upload(); !err.empty()) return Status(StatusCode::kCudaError, "test harness: " + err);
-  int device = 0;
-  cudaGetDevice(&device);
-  for (int i = 0; i < kNumArgs; ++i) mirror.translate(arg_view(args, static_cast<Arg>(i)), device);
-  if (fixup) fixup(args);
-  if (can_implement_status) *can_implement_status = can_implement(args);
-  const Status st = decode(args, nullptr);
-  // A launch error surfaces here even if decode reported success.
-  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
-    return Status(StatusCode::kCudaError, "test harness: " + cuda_error("cudaDeviceSynchronize after decode", e));
-  if (std::string err = mirror.download(); !err.empty()) return Status(StatusCode::kCudaError, "test harness: " + err);
-  return st;
-}
-
-Status run_fused(Backend backend, const Case& c, const std::function<void(FusedDecodeArgs&)>& fixup,
-                 Status* can_implement_status) {
-  FusedDecodeArgs args = c.fused_args();
-  if (backend == Backend::kCpu) {
-    if (fixup) fixup(args);
-    if (can_implement_status) *can_implement_status = can_implement(args);
-    return fused_decode(args, nullptr);
-  }
-  Mirror mirror(c.storages());
-  if (std::string err = mirror.upload(); !err.empty()) return Status(StatusCode::kCudaError, "test harness: " + err);
-  int device = 0;
-  cudaGetDevice(&device);
-  for (int i = 0; i < kNumArgs; ++i) mirror.translate(arg_view(args, static_cast<Arg>(i)), device);
-  if (fixup) fixup(args);
-  if (can_implement_status) *can_implement_status = can_implement(args);
-  const Status st = fused_decode(args, nullptr);
-  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
-    return Status(StatusCode::kCudaError, "test harness: " + cuda_error("cudaDeviceSynchronize after fused_decode", e));
-  if (std::string err = mirror.download(); !err.empty()) return Status(StatusCode::kCudaError, "test harness: " + err);
-  return st;
-}
 
 #else  // no CUDA in this build
 
@@ -162,24 +118,54 @@ bool device_can_allocate(Backend b, size_t, std::string* why) {
   return false;
 }
 
-Status run_decode(Backend backend, const Case& c, const std::function<void(DecodeArgs&)>& fixup,
-                  Status* can_implement_status) {
-  if (backend != Backend::kCpu) return Status(StatusCode::kNotSupported, "test harness: no CUDA in this build");
-  DecodeArgs args = c.args();
+#endif
+
+namespace {
+
+// One call of `step` (decode or fused_decode) on `args` built from the case's host storage: on
+// the CPU as is; on CUDA (builds with it) on device mirrors of every tensor, downloaded afterwards. `fixup` edits
+// the arguments after the translation (so a test can break a device pointer).
+template <typename Args, typename Step>
+Status run_step(Backend backend, const Case& c, Args args, const std::function<void(Args&)>& fixup,
+                Status* can_implement_status, Step step, const char* name) {
+  if (backend == Backend::kCpu) {
+    if (fixup) fixup(args);
+    if (can_implement_status) *can_implement_status = can_implement(args);
+    return step(args, nullptr);
+  }
+#if defined(GDN_WITH_CUDA)
+  Mirror mirror(c.storages());
+  if (std::string err = mirror.upload(); !err.empty()) return Status(StatusCode::kCudaError, "test harness: " + err);
+  int device = 0;
+  cudaGetDevice(&device);
+  for (int i = 0; i < kNumArgs; ++i) mirror.translate(arg_view(args, static_cast<Arg>(i)), device);
   if (fixup) fixup(args);
   if (can_implement_status) *can_implement_status = can_implement(args);
-  return decode(args, nullptr);
+  const Status st = step(args, nullptr);
+  // A launch error surfaces here even if the call reported success.
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
+    return Status(StatusCode::kCudaError,
+                  "test harness: " + cuda_error((std::string("cudaDeviceSynchronize after ") + name).c_str(), e));
+  if (std::string err = mirror.download(); !err.empty()) return Status(StatusCode::kCudaError, "test harness: " + err);
+  return st;
+#else
+  (void)c, (void)name;
+  return Status(StatusCode::kNotSupported, "test harness: no CUDA in this build");
+#endif
+}
+
+}  // namespace
+
+Status run_decode(Backend backend, const Case& c, const std::function<void(DecodeArgs&)>& fixup,
+                  Status* can_implement_status) {
+  return run_step(backend, c, c.args(), fixup, can_implement_status,
+                  [](const DecodeArgs& a, void* stream) { return decode(a, stream); }, "decode");
 }
 
 Status run_fused(Backend backend, const Case& c, const std::function<void(FusedDecodeArgs&)>& fixup,
                  Status* can_implement_status) {
-  if (backend != Backend::kCpu) return Status(StatusCode::kNotSupported, "test harness: no CUDA in this build");
-  FusedDecodeArgs args = c.fused_args();
-  if (fixup) fixup(args);
-  if (can_implement_status) *can_implement_status = can_implement(args);
-  return fused_decode(args, nullptr);
+  return run_step(backend, c, c.fused_args(), fixup, can_implement_status,
+                  [](const FusedDecodeArgs& a, void* stream) { return fused_decode(a, stream); }, "fused_decode");
 }
-
-#endif
 
 }  // namespace gdn::test
