@@ -191,6 +191,7 @@ void step_memory(const StepArgs& a, MemList& m) {
   m.add(a.state, "state", a.update_state);
   m.add(a.inter, "inter", true);
   m.add(a.error_count, "error_count", true, true);
+  m.add(a.rounding_seed, "rounding_seed", false, true);
   m.add(a.a, "a", false);
   m.add(a.b, "b", false);
   m.add(a.A_log, "A_log", false);
@@ -317,6 +318,14 @@ void check_step(const StepArgs& args, Problem& p, Checker& c) {
       c.fail("error_count dtype must be int32, got " + dtype_name(args.error_count.dtype));
   }
 
+  if (args.rounding_seed.defined()) {
+    c.rank(args.rounding_seed, "rounding_seed", 1, "[1]");
+    if (c.ok() && args.rounding_seed.shape[0] != 1)
+      c.fail("rounding_seed must hold exactly one element, got shape " + shape_str(args.rounding_seed));
+    if (c.ok() && !same(args.rounding_seed.dtype, kInt64))
+      c.fail("rounding_seed dtype must be int64, got " + dtype_name(args.rounding_seed.dtype));
+  }
+
   if (c.ok() && args.scale.has_value() && !std::isfinite(*args.scale))
     c.fail("scale must be finite, got " + std::to_string(*args.scale));
   if (!c.ok()) return;
@@ -332,6 +341,8 @@ void check_step(const StepArgs& args, Problem& p, Checker& c) {
     copy_strides(args.inter, &p.inter, 4);
   }
   p.error_count = args.error_count.defined() ? static_cast<int*>(args.error_count.data) : nullptr;
+  if (args.rounding_seed.defined() && p.state.dtype != DType::kF32)
+    p.rounding_seed = static_cast<const int64_t*>(args.rounding_seed.data);
   p.device_id = args.state.device.device_id;
   p.use_qk_l2norm = args.use_qk_l2norm;
   p.update_state = args.update_state;
@@ -345,7 +356,7 @@ void check_devices(const StepArgs& args, const MemList& extra, Checker& c) {
       {&args.o, "o"}, {&args.a, "a"}, {&args.b, "b"}, {&args.A_log, "A_log"}, {&args.dt_bias, "dt_bias"},
       {&args.g, "g"}, {&args.beta, "beta"}, {&args.read_slots, "read_slots"}, {&args.write_slots, "write_slots"},
       {&args.token_slots, "token_slots"}, {&args.num_accepted, "num_accepted"}, {&args.inter, "inter"},
-      {&args.error_count, "error_count"}};
+      {&args.error_count, "error_count"}, {&args.rounding_seed, "rounding_seed"}};
   for (int i = 0; i < extra.n; ++i) {
     c.device(*extra.m[i].t, extra.m[i].name, dev);
     c.nonnull(*extra.m[i].t, extra.m[i].name);

@@ -50,6 +50,9 @@ struct Problem {
   Ptr o;
 
   int* error_count = nullptr;
+  // Stochastic rounding of 16-bit state stores: the seed's address (int64 [1]); null = RNE.
+  // Set only for bf16 / fp16 states (fp32 stores never round). src/rounding.h has the rule.
+  const int64_t* rounding_seed = nullptr;
   int device_id = 0;  // CUDA device of every tensor (kDLCUDA calls)
   float scale = 1.f;
   bool use_qk_l2norm = true;

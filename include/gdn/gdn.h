@@ -146,6 +146,17 @@ struct StepArgs {
   // whose write slot another row also writes. Readable without a host sync; never reset by gdn.
   TensorView error_count;
 
+  // Optional stochastic rounding of 16-bit state stores (docs/semantics.md section 2): int64 [1]
+  // on the state's device, read by the call (on the device for CUDA, so a captured graph sees
+  // the value at replay). Given, every bf16 / fp16 state store (pool and inter) rounds up with
+  // probability equal to the value's fraction of the way to the next representable number,
+  // instead of to nearest even; the random bits are a counter-based hash of (this seed value,
+  // the row's read slot, the head, the token, the element's index in the head's matrix), so a
+  // run is reproducible bit for bit and no generator state is kept. The same value on the same
+  // slot repeats the same bits: advance it between steps (e.g. one add per decode step).
+  // No effect on fp32 states, o, or the fused step's conv state.
+  TensorView rounding_seed;
+
   std::optional<float> scale;  // multiplies q; default 1/sqrt(K); must be finite
   bool use_qk_l2norm = true;   // q, k <- x * rsqrt(sum(x^2) + 1e-6) before use
   bool update_state = true;    // false: the pools are read, never written (the caches still are)
