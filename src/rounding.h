@@ -3,9 +3,9 @@
 // oracle: integer operations only, so every backend and the oracle produce the same bits for
 // the same fp32 value, seed, slot, head, token and element.
 //
-// The random bits are counter-based (no generator state): a key per (seed, read slot, head)
-// mixed with splitmix64, a key per token from it, and per pair of elements (storage indices
-// 2i, 2i + 1 of the head's matrix) 32 bits from murmur3's 32-bit finalizer, 16 for each. The
+// The random bits are counter-based (no generator state kept between calls): a key per
+// (seed, read slot, head) mixed with splitmix64, a key per token from it, and 16 bits per
+// element from the token key and the element's index in the head's matrix (below). The
 // rounding adds the random bits to the bits the target type drops and truncates, so a value
 // rounds up with probability (its distance above the lower neighbour) / (the gap): unbiased
 // (exactly, for the 16 bits of bf16 and the 13 of a normal fp16; to 2^-16 of the gap for fp16
@@ -46,13 +46,19 @@ GDN_HD uint32_t sr_mix32(uint32_t x) {  // murmur3's fmix32: a bijection with fu
   return x ^ (x >> 16);
 }
 
-// The key of one head of one row: seed value, the row's read slot (the slot its state came
-// from; in dense mode the row index), the value head. Computed once per row and head.
+// The key of one row: the seed value and the row's read slot (the slot its state came from;
+// in dense mode the row index). Computed once per row, when the slots are resolved.
+GDN_HD uint64_t sr_row_key(int64_t seed, int64_t read_slot) {
+  const uint64_t x = sr_mix64(static_cast<uint64_t>(seed) + 0x9e3779b97f4a7c15ull);
+  return sr_mix64(x ^ static_cast<uint64_t>(read_slot));
+}
+
+// The key of one value head of that row.
+GDN_HD uint32_t sr_head_key(uint64_t row_key, int64_t hv) {
+  return static_cast<uint32_t>(sr_mix64(row_key ^ (static_cast<uint64_t>(hv) + 0x632be59bd9b4e019ull)) >> 32);
+}
 GDN_HD uint32_t sr_head_key(int64_t seed, int64_t read_slot, int64_t hv) {
-  uint64_t x = sr_mix64(static_cast<uint64_t>(seed) + 0x9e3779b97f4a7c15ull);
-  x = sr_mix64(x ^ static_cast<uint64_t>(read_slot));
-  x = sr_mix64(x ^ (static_cast<uint64_t>(hv) + 0x632be59bd9b4e019ull));
-  return static_cast<uint32_t>(x >> 32);
+  return sr_head_key(sr_row_key(seed, read_slot), hv);
 }
 
 // The key of token t (0-based within the call) of that head: the state after token t.
@@ -60,13 +66,45 @@ GDN_HD uint32_t sr_token_key(uint32_t head_key, int64_t t) {
   return sr_mix32(head_key ^ (static_cast<uint32_t>(t) * 0x9e3779b9u + 0x7f4a7c15u));
 }
 
-// 32 random bits for the elements 2 * pair and 2 * pair + 1 (their index in the head's matrix
-// in storage order: v * K + k for VK, k * V + v for KV): the low 16 for the even one.
-GDN_HD uint32_t sr_pair_bits(uint32_t token_key, uint32_t pair) { return sr_mix32(token_key ^ pair); }
+// The elements of a head's matrix in storage order (v * K + k for VK, k * V + v for KV) come
+// in groups of 8 (one 16-byte vector of a 16-bit state): group g's 32-bit seed is a hash of
+// the token key and g, and element j of the group takes the top 16 bits of the j-th step of
+// PCG's 32-bit LCG from that seed, reached directly as x_j = A^j * x_0 + C_j. One hash per
+// 8 elements and one multiply-add per element: a full hash per element pair cost the CUDA
+// kernels about twice as many instructions (docs/design.md, "Stochastic rounding").
+constexpr uint32_t kSrLcgA = 747796405u, kSrLcgC = 2891336453u;
+
+GDN_HD uint32_t sr_group_seed(uint32_t token_key, int64_t group) {
+  return sr_mix32(token_key ^ static_cast<uint32_t>(group));
+}
+
+// A^j and C_j of x_j = A^j * x_0 + C_j, j in 0..7.
+GDN_HD void sr_lcg_jump(int j, uint32_t& a, uint32_t& c) {
+  a = 1u;
+  c = 0u;
+  for (int i = 0; i < j; ++i) {
+    c = c * kSrLcgA + kSrLcgC;
+    a *= kSrLcgA;
+  }
+}
+
+// The 16 random bits of element j of a group whose seed is x0.
+GDN_HD uint32_t sr_group_bits(uint32_t x0, int j) {
+  uint32_t a, c;
+  sr_lcg_jump(j, a, c);
+  return (x0 * a + c) >> 16;
+}
 
 // The 16 random bits of element e.
 GDN_HD uint32_t sr_elem_bits(uint32_t token_key, int64_t e) {
-  return (sr_pair_bits(token_key, static_cast<uint32_t>(e >> 1)) >> (16 * (e & 1))) & 0xffffu;
+  return sr_group_bits(sr_group_seed(token_key, e >> 3), static_cast<int>(e & 7));
+}
+
+// The bits of the elements 2 * pair (low half) and 2 * pair + 1 (high half).
+GDN_HD uint32_t sr_pair_bits(uint32_t token_key, int64_t pair) {
+  const uint32_t x0 = sr_group_seed(token_key, pair >> 2);
+  const int j = static_cast<int>(2 * (pair & 3));
+  return sr_group_bits(x0, j) | sr_group_bits(x0, j + 1) << 16;
 }
 
 // fp32 -> bf16 bits, rounded stochastically with 16 random bits r16.

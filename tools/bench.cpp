@@ -57,6 +57,11 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"decode", "fused", "all"}));
   cmd->add_option("--fused-norm", opt->fused_norm, "CUDA: the fused rows' gated RMSNorm (true | false)")
       ->capture_default_str();
+  cmd->add_option("--rounding", opt->rounding,
+                  "CUDA: nearest | stochastic | all: bf16 state stores round to nearest even, or "
+                  "stochastically (StepArgs::rounding_seed); fp32 rows are always nearest")
+      ->check(CLI::IsMember({"nearest", "stochastic", "all"}))
+      ->capture_default_str();
   cmd->add_option("--model", opt->model, "qwen3-next | qwen3.5 | all")
       ->check(CLI::IsMember({"qwen3-next", "qwen3.5", "all"}));
   cmd->add_option("--state", opt->state, "fp32 | bf16 | fp16 (CPU) | all")

@@ -63,6 +63,7 @@ struct Config {
   bool cache;
   bool update;
   bool fused = false;  // gdn::fused_decode (op "fused") instead of gdn::decode
+  bool sr = false;     // stochastic rounding of the bf16 state stores (rounding_seed given)
 };
 
 // The fused step's conv, as the models have it: W = 4 taps, a bf16 conv pool of L = W - 1
@@ -263,6 +264,11 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
     su.read_slots = static_cast<const int32_t*>(rs);
   }
   if (c.mode == Mode::kSplit) base.write_slots = gdn::make_view(ws, gdn::kInt32, dl, {B});
+  if (c.sr) {
+    auto* seed_d = arena.take(256);
+    fill<int64_t>(seed_d, 1, 1e9f, seed + 11, s);
+    base.rounding_seed = gdn::make_view(seed_d, gdn::kInt64, dl, {1});
+  }
   // The fused step's own inputs: mixed_qkv in place of q, k, v, the conv weights, z, the norm.
   gdn::FusedDecodeArgs fbase;
   if (c.fused) {
@@ -501,7 +507,10 @@ std::vector<Config> make_sweep(const Options& opt) {
                   if (!pick(opt.update, update ? "on" : "off")) continue;
                   if (opt.quick && T > 1 && !(cache && update)) continue;
                   if (subset && (cache || !update)) continue;
-                  out.push_back(Config{&m, bf16, kv, mode, T, B, cache, update, fused});
+                  for (bool sr : {false, true}) {
+                    if (!pick(opt.rounding, sr ? "stochastic" : "nearest") || (sr && !bf16)) continue;
+                    out.push_back(Config{&m, bf16, kv, mode, T, B, cache, update, fused, sr});
+                  }
                 }
               }
             }
@@ -548,7 +557,7 @@ int bench_main(const Options& opt) {
               dev.l2 / 1048576.0, copy_tbs);
   std::printf("eager T=1 B=1 qwen3-next fp32: %.2f us per call on the GPU, %.2f us host time per call\n",
               eager_us, host_us);
-  std::printf("%-6s %-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s%s\n", "op", "model", "state",
+  std::printf("%-6s %-10s %-7s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s%s\n", "op", "model", "state",
               "lay", "mode", "T", "B", "cache", "update", "us", "TB/s", "%ceil", "floor_us",
               opt.copy_kernel ? "    copy_us" : "");
 
@@ -564,8 +573,9 @@ int bench_main(const Options& opt) {
     try {
       const Result r = run_config(c, dev, arena, opt, s, copy_tbs, 1000 + i);
       results.push_back(r);
-      std::printf("%-6s %-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.2f %7.3f %5.1f%% %10.2f",
-                  c.fused ? "fused" : "decode", c.model->name, c.bf16_state ? "bf16" : "fp32", c.layout_kv ? "KV" : "VK",
+      std::printf("%-6s %-10s %-7s %-3s %-5s %3d %4d %-5s %-6s %10.2f %7.3f %5.1f%% %10.2f",
+                  c.fused ? "fused" : "decode", c.model->name,
+                  c.bf16_state ? (c.sr ? "bf16+sr" : "bf16") : "fp32", c.layout_kv ? "KV" : "VK",
                   mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off", c.update ? "on" : "off", r.us,
                   r.tbs, 100.0 * r.tbs / copy_tbs, r.floor_us);
       if (r.copy_us >= 0) std::printf(" %10.2f", r.copy_us);
@@ -606,6 +616,7 @@ int bench_main(const Options& opt) {
                       {"V", c.model->V},
                       {"cache", c.cache},
                       {"update", c.update},
+                      {"rounding", c.sr ? "stochastic" : "nearest"},
                       {"us", r.us},
                       {"TBs", r.tbs},
                       {"floor_us", r.floor_us}});

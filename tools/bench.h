@@ -16,6 +16,7 @@ struct BenchOptions {
   std::string device = "auto";
   std::string op = "decode";   // CUDA: decode | fused | all (gdn::fused_decode rows)
   bool fused_norm = true;      // CUDA: the fused rows' gated RMSNorm
+  std::string rounding = "nearest";  // CUDA: nearest | stochastic | all (bf16 state stores)
   std::string model = "all", state = "all", mode, layout = "default";
   std::string cache, update;  // default: all (CUDA); off and on (CPU)
   std::vector<int> T, B;

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "problem.h"
+#include "rounding.h"
 
 namespace gdn::detail::cuda {
 
@@ -148,6 +149,46 @@ __device__ __forceinline__ Packed<S> pack_state_vec(const float* in) {
   return r;
 }
 
+// Stochastic rounding (StepArgs::rounding_seed, src/rounding.h): the token key of the state
+// after token t of head hv, from the row key that resolve_row_warp computed (WarpSlots::sr_row).
+__device__ __forceinline__ uint32_t sr_key(uint64_t row_key, int64_t hv, int64_t t) {
+  return sr_token_key(sr_head_key(row_key, hv), t);
+}
+
+__device__ __forceinline__ uint32_t sr_pack2(float a, float b, uint32_t ra, uint32_t rb, __nv_bfloat16*) {
+  return sr_bf16_bits(a, ra) | static_cast<uint32_t>(sr_bf16_bits(b, rb)) << 16;
+}
+__device__ __forceinline__ uint32_t sr_pack2(float a, float b, uint32_t ra, uint32_t rb, __half*) {
+  const auto rne = [](float x) { return __half_as_ushort(__float2half_rn(x)); };
+  return sr_fp16_bits(a, ra, rne) | static_cast<uint32_t>(sr_fp16_bits(b, rb, rne)) << 16;
+}
+
+// pack_state_vec with stochastic rounding: in[0..7] are the elements e0..e0 + 7 of the head's
+// matrix in storage order, e0 a multiple of 8 (one group of src/rounding.h). 16-bit states.
+template <typename S>
+__device__ __forceinline__ Packed<S> pack_state_vec_sr(const float* in, uint32_t key, int64_t e0) {
+  static_assert(sizeof(S) == 2, "fp32 states are never rounded");
+  const uint32_t x0 = sr_group_seed(key, e0 >> 3);
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = sr_pack2(in[2 * i], in[2 * i + 1], sr_group_bits(x0, 2 * i), sr_group_bits(x0, 2 * i + 1),
+                    static_cast<S*>(nullptr));
+  Packed<S> r;
+  r.u = make_uint4(w[0], w[1], w[2], w[3]);
+  return r;
+}
+
+// One state vector rounded for storage: RNE, or stochastically where the call asks for it
+// (`sr`, uniform across the warp, so the branch costs one predicate when off).
+template <typename S>
+__device__ __forceinline__ Packed<S> round_state_vec(const float* in, bool sr, uint32_t key, int64_t e0) {
+  if constexpr (sizeof(S) == 2) {
+    if (sr) return pack_state_vec_sr<S>(in, key, e0);
+  }
+  return pack_state_vec<S>(in);
+}
+
 template <typename S, bool kVec>
 __device__ __forceinline__ void store_state_vec(S* dst, const Packed<S>& v) {
   if constexpr (kVec) {
@@ -253,6 +294,7 @@ struct WarpSlots {
   int64_t read = -1;   // < 0: padding or invalid row
   int64_t write = -1;  // final-state slot (modes without token_slots)
   int64_t tok = -1;    // token_slots[n, lane] for lane < min(T, 32)
+  uint64_t sr_row = 0;  // with a rounding seed: sr_row_key(seed, read)
   bool invalid = false;
 };
 
@@ -269,6 +311,9 @@ __device__ __forceinline__ WarpSlots resolve_row_warp(const Problem& p, int64_t 
   if (p.write_slots.data != nullptr) wsl_b = load_index_bits(p.write_slots, n * p.write_slots.s[0]);
   if (per_token && lane < p.T)
     tok_b = load_index_bits(p.token_slots, n * p.token_slots.s[0] + lane * p.token_slots.s[1]);
+  // The rounding seed with the slots: its latency overlaps theirs (loaded at the first store,
+  // it cost B = 1 a round trip).
+  const int64_t seed = p.rounding_seed != nullptr ? *p.rounding_seed : 0;
   const int64_t acc = index_from_bits(acc_b, p.num_accepted.dtype);
   const int64_t rs = index_from_bits(rs_b, p.read_slots.dtype);
   const int64_t wsl = index_from_bits(wsl_b, p.write_slots.dtype);
@@ -309,6 +354,7 @@ __device__ __forceinline__ WarpSlots resolve_row_warp(const Problem& p, int64_t 
   if (read < 0) return r;  // padding
   r.write = w;
   r.read = read;
+  if (p.rounding_seed != nullptr) r.sr_row = sr_row_key(seed, read);
   return r;
 }
 

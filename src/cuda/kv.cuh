@@ -222,10 +222,12 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
         S* const inter = static_cast<S*>(p.inter.data);
         const int64_t ib = n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] + col;
         const int64_t pb = wslot * ss0 + hv * ss1 + col;
+        const bool sr = p.rounding_seed != nullptr;  // element (k, v): e = k * V + v
+        const uint32_t key = sr ? sr_key(slots.sr_row, hv, tt) : 0u;
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
           const int64_t row = i * KG + kg;
-          const Packed<S> pk = pack_state_vec<S>(st[i]);
+          const Packed<S> pk = round_state_vec<S>(st[i], sr, key, row * p.V + col);
           if (to_inter) store_state_vec<S, kVec>(inter + ib + row * p.inter.s[3], pk);
           if (wslot >= 0) store_state_vec<S, kVec>(state + pb + row * ss2, pk);
         }
@@ -423,6 +425,8 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     if (!to_global && !keep) continue;
     const int64_t ib = n * p.inter.s[0] + t * p.inter.s[1] + hv * p.inter.s[2] + col;
     const int64_t pb = wslot * ss0 + hv * ss1 + col;
+    const bool sr = p.rounding_seed != nullptr && to_global;  // element (k, v): e = k * V + v
+    const uint32_t key = sr ? sr_key(slots.sr_row, hv, t) : 0u;
 #pragma unroll 4
     for (int i = 0; i < RPT; i += 4) {
       float k4[4];
@@ -436,7 +440,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 #pragma unroll
         for (int c = 0; c < VE; ++c) x[c] = fmaf(g, x[c], dk[c] * k4[u]);
         if (to_global) {
-          const Packed<S> pk = pack_state_vec<S>(x);
+          const Packed<S> pk = round_state_vec<S>(x, sr, key, static_cast<int64_t>(row) * p.V + col);
           if (inter != nullptr) store_state_vec<S, true>(inter + ib + row * p.inter.s[3], pk);
           if (wslot >= 0) store_state_vec<S, true>(state + pb + row * ss2, pk);
         }

@@ -262,7 +262,7 @@ __device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], f
 // kOSmem (the fused step with its norm): o goes to o_s[tt][row - row0] (rt rows per token)
 // instead of global memory, until the norm factor is known.
 template <typename S, int K, int R, bool kVec, bool kOutOnly, bool kOSmem = false>
-__device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, int64_t n,
+__device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, uint64_t sr_row, int64_t n,
                                                int64_t hv, int64_t tt, int64_t row, int j,
                                                const float (&st)[R][16],
                                                const float (&o)[VkReduce<K, R>::C],
@@ -288,6 +288,10 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
   }
 
   if constexpr (kOutOnly) return;
+  // Stochastic rounding: element (v, k) is e = v * K + k; this thread's vector i of row r
+  // starts at k = (i * L + j) * VE.
+  const bool sr = p.rounding_seed != nullptr;
+  const uint32_t key = sr ? sr_key(sr_row, hv, tt) : 0u;
   // One destination at a time (cache, then pool): one base pointer live next to the R rows
   // (both at once spilled at R = 4, fp32, 128 registers).
   const auto store_rows = [&](S* base, int64_t rs) {
@@ -297,7 +301,8 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
 #pragma unroll
       for (int i = 0; i < NV; ++i)
         store_state_vec<S, kVec>(base + r * G * rs + i * (L * VE),
-                                 pack_state_vec<S>(&st[r][i * VE]));
+                                 round_state_vec<S>(&st[r][i * VE], sr, key,
+                                                    (row + r * G) * K + (i * L + j) * VE));
     }
   };
   S* const inter = static_cast<S*>(p.inter.data);
@@ -322,7 +327,7 @@ __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots
                                         int64_t row0 = 0, int rt = 0) {
   float o[VkReduce<K, R>::C];
   vk_token<K, R, kLazy, kDirectVE>(p, st, gam_acc, sm, t, j, vrow, o);
-  vk_store_token<S, K, R, kVec, kLazy, kOSmem>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt),
+  vk_store_token<S, K, R, kVec, kLazy, kOSmem>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt), slots.sr_row,
                                                n, hv, tt, row, j, st, o, o_s, row0, rt);
 }
 

@@ -17,8 +17,9 @@
 // tile: bf16 times bf16 is exact, the sums are fp32), a T x T triangular solve per row in fp32
 // (d_t, o_t), and one rank-T update (tensor cores again: the fp32 weights split into three bf16
 // terms, hi + mid + lo, which carry 24 bits; the raw k are exact), accumulated in fp32 onto
-// gamma * S0 and rounded (RNE) once when stored. The per-token states stay implicit, which is
-// why a call that stores them (cache, per-token slots) takes the token loop of vk.cuh.
+// gamma * S0 and rounded once when stored (RNE, or stochastically with a rounding seed). The
+// per-token states stay implicit, which is why a call that stores them (cache, per-token
+// slots) takes the token loop of vk.cuh.
 //
 // Block: the tile prologue of vk.cuh (state tile of RT rows of one (n, hv) in shared memory,
 // 16-byte pieces swizzled for ldmatrix), then
@@ -295,6 +296,12 @@ __global__ void __launch_bounds__(kVkThreads, 5)
   // 16 tokens, zero beyond T) as three bf16 terms; B = k rows by ldmatrix.trans (tokens beyond
   // T read the zero row); C starts as gamma * S0.
   const float gam_end = gT[0];
+  // Stochastic rounding of the final state (the state after token T - 1), when asked for.
+  const bool sr = p.rounding_seed != nullptr;
+  const uint32_t key = sr ? sr_key(slots.sr_row, hv, p.T - 1) : 0u;
+  uint32_t ja0, jc0, ja1, jc1;  // the LCG jumps to this lane's elements 2 * t4, 2 * t4 + 1
+  sr_lcg_jump(2 * t4, ja0, jc0);
+  sr_lcg_jump(2 * t4 + 1, ja1, jc1);
   // ldmatrix.trans of B: the lane's row is token arow (the A-row pattern), columns + 8 * ahalf.
   const uint16_t* const bp = (arow < T ? qk + (T + arow) * QKS : zrow) + (ahalf << 3);
   for (int mt = warp; mt < mts; mt += kWarps) {
@@ -335,8 +342,17 @@ __global__ void __launch_bounds__(kVkThreads, 5)
           mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
           mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
           mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
-          u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
-          u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
+          if (sr) {  // element (v, k): e = v * K + k; this lane's pair is j0, j0 + 1 of group g
+            const int64_t g0 = ((row0 + rg) * K + (n0 + i + h) * 8) >> 3;
+            const uint32_t x0 = sr_group_seed(key, g0), x1 = sr_group_seed(key, g0 + K);
+            u[i + h][0] = sr_pack2(acc[0], acc[1], (x0 * ja0 + jc0) >> 16, (x0 * ja1 + jc1) >> 16,
+                                   static_cast<S*>(nullptr));
+            u[i + h][1] = sr_pack2(acc[2], acc[3], (x1 * ja0 + jc0) >> 16, (x1 * ja1 + jc1) >> 16,
+                                   static_cast<S*>(nullptr));
+          } else {
+            u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
+            u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
+          }
         }
       }
 #pragma unroll
