@@ -11,7 +11,10 @@ namespace gdn::reference {
 // then computes every row in float64 and stores o, inter and the state in their own dtypes
 // (round-to-nearest-even for bf16/fp16), adds bad rows to error_count, and with
 // check_duplicate_writes counts rows whose written slots another row also writes.
-// Single-threaded; the state is rounded to its dtype only where it is stored.
+// Single-threaded; the state is rounded to its dtype only where it is stored. With
+// rounding_seed and a bf16/fp16 state, each state and inter store rounds the float64 value to
+// fp32 (RNE) and then stochastically with src/rounding.h's bits for (the seed's value, the row's
+// read slot, the head, the token, the element's index in the head's matrix), as the backends.
 Status decode(const DecodeArgs& args);
 
 // Same contract as gdn::fused_decode for host tensors (docs/semantics.md section 6), computed

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../src/host_dtype.h"
+#include "../src/rounding.h"
 #include "gdn_reference.h"
 
 namespace gdn::reference {
@@ -46,15 +47,35 @@ void put(const TensorView& t, std::initializer_list<int64_t> idx, double x) {
   else static_cast<float*>(t.data)[off] = static_cast<float>(x);
 }
 
-// State element (value row r, key c) of head hv in slot `slot` (or batch row, for inter).
+// Stochastic rounding of a state store (StepArgs::rounding_seed, src/rounding.h): the float64
+// value rounded to fp32 (RNE), then to the 16-bit dtype with the element's 16 random bits.
+struct Rounding {
+  bool on = false;    // a seed was given and the state is bf16 or fp16
+  uint32_t key = 0;   // sr_token_key of the stored token
+};
+
+void put_rounded(const TensorView& t, std::initializer_list<int64_t> idx, double x, const Rounding& rd, int64_t e) {
+  if (!rd.on) return put(t, idx, x);
+  const float f = static_cast<float>(x);
+  const uint32_t r16 = detail::sr_elem_bits(rd.key, e);
+  static_cast<uint16_t*>(t.data)[offset_of(t, idx)] =
+      t.dtype.code == kDLBfloat ? detail::sr_bf16_bits(f, r16) : detail::sr_fp16_bits(f, r16, detail::float_to_fp16_bits);
+}
+
+// State element (value row r, key c) of head hv in slot `slot` (or batch row, for inter). The
+// element's index in the head's matrix in storage order is r * K + c (VK) or c * V + r (KV).
 double get_state(const TensorView& s, bool kv, int64_t slot, int64_t hv, int64_t r, int64_t c) {
   return kv ? get(s, {slot, hv, c, r}) : get(s, {slot, hv, r, c});
 }
-void put_state(const TensorView& s, bool kv, int64_t slot, int64_t hv, int64_t r, int64_t c, double x) {
-  kv ? put(s, {slot, hv, c, r}, x) : put(s, {slot, hv, r, c}, x);
+void put_state(const TensorView& s, bool kv, int64_t slot, int64_t hv, int64_t r, int64_t c, double x,
+               const Rounding& rd) {
+  kv ? put_rounded(s, {slot, hv, c, r}, x, rd, c * s.shape[3] + r)
+     : put_rounded(s, {slot, hv, r, c}, x, rd, r * s.shape[3] + c);
 }
-void put_inter(const TensorView& s, bool kv, int64_t n, int64_t t, int64_t hv, int64_t r, int64_t c, double x) {
-  kv ? put(s, {n, t, hv, c, r}, x) : put(s, {n, t, hv, r, c}, x);
+void put_inter(const TensorView& s, bool kv, int64_t n, int64_t t, int64_t hv, int64_t r, int64_t c, double x,
+               const Rounding& rd) {
+  kv ? put_rounded(s, {n, t, hv, c, r}, x, rd, c * s.shape[4] + r)
+     : put_rounded(s, {n, t, hv, r, c}, x, rd, r * s.shape[4] + c);
 }
 
 struct Row {
@@ -137,6 +158,10 @@ template <typename Q, typename Kf, typename Vf, typename Emit>
 void run_head(const StepArgs& a, const Call& c, const Row& row, int64_t n, int64_t hv, Q q, Kf k, Vf v,
               Emit emit) {
   const int64_t K = c.K, V = c.V;
+  // The random bits' key of this head: the seed's value, the row's read slot, the head.
+  const bool stochastic = a.rounding_seed.defined() && a.state.dtype.bits == 16;
+  const uint32_t head_key =
+      stochastic ? detail::sr_head_key(*static_cast<const int64_t*>(a.rounding_seed.data), row.read, hv) : 0;
   std::vector<double> S(V * K), qh(K), kh(K), h(K);
   for (int64_t r = 0; r < V; ++r)
     for (int64_t col = 0; col < K; ++col) S[r * K + col] = get_state(a.state, c.kv, row.read, hv, r, col);
@@ -180,12 +205,16 @@ void run_head(const StepArgs& a, const Call& c, const Row& row, int64_t n, int64
       }
       emit(t, r, out);
     }
+    Rounding rd;
+    rd.on = stochastic;
+    rd.key = stochastic ? detail::sr_token_key(head_key, t) : 0;
     if (a.inter.defined())
       for (int64_t r = 0; r < V; ++r)
-        for (int64_t col = 0; col < K; ++col) put_inter(a.inter, c.kv, n, t, hv, r, col, S[r * K + col]);
+        for (int64_t col = 0; col < K; ++col) put_inter(a.inter, c.kv, n, t, hv, r, col, S[r * K + col], rd);
     if (row.write[t] >= 0)
       for (int64_t r = 0; r < V; ++r)
-        for (int64_t col = 0; col < K; ++col) put_state(a.state, c.kv, row.write[t], hv, r, col, S[r * K + col]);
+        for (int64_t col = 0; col < K; ++col)
+          put_state(a.state, c.kv, row.write[t], hv, r, col, S[r * K + col], rd);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "cpu/step_cpu.h"
 #include "gdn/gdn.h"
 #include "host_dtype.h"
+#include "rounding.h"
 
 namespace gdn::test {
 namespace {
@@ -110,6 +111,10 @@ struct Plain {
   std::vector<uint16_t> q, k, v, beta;
   std::vector<float> g, o;
   std::vector<int32_t> slots;
+  std::vector<uint8_t> inter;  // [B, T, HV, rows, cols] in the state's dtype, when with_inter
+  bool with_inter = false;
+  bool seeded = false;  // rounding_seed = seed_value
+  int64_t seed_value = 0;
 
   int es() const { return sdt.bits / 8; }
   int64_t head_elems() const { return K * V; }
@@ -145,6 +150,7 @@ struct Plain {
     g.assign(B * T * HV, 0.f);
     beta.assign(B * T * HV, 0);  // bf16 +0
     o.assign(B * T * HV * V, NAN);
+    inter.assign(with_inter ? B * T * HV * head_elems() * es() : 0, 0xff);
     slots.resize(B);
     for (int64_t n = 0; n < B; ++n) slots[n] = static_cast<int32_t>((n * 5 + 2) % P);
   }
@@ -161,20 +167,26 @@ struct Plain {
     a.layout = layout;
     a.read_slots = make_view(slots.data(), kInt32, kCpu, {B});
     a.o = make_view(o.data(), kFloat32, kCpu, {B, T, HV, V});
+    if (with_inter) a.inter = make_view(inter.data(), sdt, kCpu, {B, T, HV, rows, cols});
+    if (seeded) a.rounding_seed = make_view(&seed_value, kInt64, kCpu, {1});
     return a;
   }
 };
 
 TEST(CpuStep, StateRoundTripsThroughEveryKernel) {
+  for (bool seeded : {false, true})  // stochastic rounding keeps representable values too
   for (DLDataType sdt : {kFloat32, kBFloat16, kFloat16})
     for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV})
       for (int64_t T : {1, 2}) {
         SCOPED_TRACE(std::to_string(sdt.bits) + (sdt.code == kDLBfloat ? " bf16" : "") +
-                     (layout == StateLayout::kVK ? " VK" : " KV") + " T=" + std::to_string(T));
+                     (layout == StateLayout::kVK ? " VK" : " KV") + " T=" + std::to_string(T) +
+                     (seeded ? " stochastic" : ""));
         Plain c;
         c.sdt = sdt;
         c.layout = layout;
         c.T = T;
+        c.seeded = seeded;
+        c.seed_value = -12345;
         c.fill(17 + T, true);
         const std::vector<uint8_t> before = c.state;
         const Status st = decode(c.args());
@@ -220,11 +232,15 @@ TEST(CpuStep, NanStaysInItsRowOrColumn) {
 // row 0 alone (B = 1, HV = 1: the head runs as several parts) against row 0 of a call with
 // enough heads to run whole. T = 1 (direct kernels) and T = 3 (tiles).
 TEST(CpuStep, HeadSplitsGiveTheSameBits) {
+  for (bool seeded : {false, true})  // the random bits follow the element, not the split
   for (DLDataType sdt : {kFloat32, kBFloat16, kFloat16})
     for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV})
       for (int64_t T : {1, 3}) {
-        SCOPED_TRACE(std::to_string(sdt.bits) + (layout == StateLayout::kVK ? " VK" : " KV") + " T=" + std::to_string(T));
+        SCOPED_TRACE(std::to_string(sdt.bits) + (layout == StateLayout::kVK ? " VK" : " KV") + " T=" +
+                     std::to_string(T) + (seeded ? " stochastic" : ""));
         Plain whole;
+        whole.seeded = seeded;
+        whole.seed_value = 77;
         whole.sdt = sdt;
         whole.layout = layout;
         whole.T = T;
@@ -245,6 +261,77 @@ TEST(CpuStep, HeadSplitsGiveTheSameBits) {
         ASSERT_EQ(0, std::memcmp(&whole.state[s0 * slot_bytes], &alone.state[s0 * slot_bytes], slot_bytes));
         for (int64_t i = 0; i < T * whole.V; ++i) ASSERT_EQ(f2u(whole.o[i]), f2u(alone.o[i])) << "o element " << i;
       }
+}
+
+// Stochastic rounding through every kernel, bit for bit against src/rounding.h: with beta = 0
+// a token's update is S <- fma(k, 0, g * S) = the fp32 product g * S, carried in fp32 from
+// token to token, so every stored element must be sr(g_t * ... * g_0 * S, bits of (seed, the
+// row's read slot, head, token, element)). T = 1 without and with the cache, T = 2 and 3 (the
+// tiles, the KV blocks' per-token stores); subnormals, both signs, g = 1 on some heads
+// (representable values, fp16's 65504 included) and g > 1 on others (fp16 values past 65504:
+// round-to-nearest-even, up to Inf).
+TEST(CpuStep, StochasticStoresFollowTheRuleBitForBit) {
+  for (DLDataType sdt : {kBFloat16, kFloat16})
+    for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV})
+      for (int64_t T : {1, 2, 3})
+        for (bool with_inter : {false, true}) {
+          if (T == 2 && with_inter) continue;
+          SCOPED_TRACE(std::string(sdt.code == kDLBfloat ? "bf16" : "fp16") + (layout == StateLayout::kVK ? " VK" : " KV") +
+                       " T=" + std::to_string(T) + (with_inter ? " inter" : ""));
+          Plain c;
+          c.sdt = sdt;
+          c.layout = layout;
+          c.T = T;
+          c.with_inter = with_inter;
+          c.seeded = true;
+          c.seed_value = 0x0123456789abcdefll + T;
+          c.fill(31 + T, true);
+          // log g per (n, t, hv): decay, none, growth, decay.
+          for (int64_t n = 0; n < c.B; ++n)
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t hv = 0; hv < c.HV; ++hv) {
+                const float lg[4] = {std::log(0.75f) - 0.01f * static_cast<float>(t), 0.f, 0.0003f, -1e-4f};
+                c.g[(n * T + t) * c.HV + hv] = lg[hv % 4];
+              }
+          const std::vector<uint8_t> before = c.state;
+          ASSERT_TRUE(decode(c.args()).ok());
+          const bool bf = sdt.code == kDLBfloat;
+          const auto load = [&](const std::vector<uint8_t>& buf, int64_t i) {
+            uint16_t h;
+            std::memcpy(&h, &buf[i * 2], 2);
+            return h;
+          };
+          const int64_t E = c.head_elems();
+          std::vector<float> S(E);
+          for (int64_t n = 0; n < c.B; ++n)
+            for (int64_t hv = 0; hv < c.HV; ++hv) {
+              const int64_t head = (c.slots[n] * c.HV + hv) * E;
+              for (int64_t e = 0; e < E; ++e) {
+                const uint16_t h = load(before, head + e);
+                S[e] = bf ? detail::bf16_bits_to_float(h) : detail::fp16_bits_to_float(h);
+              }
+              const uint32_t head_key = detail::sr_head_key(c.seed_value, c.slots[n], hv);
+              for (int64_t t = 0; t < T; ++t) {
+                const float g = std::exp(c.g[(n * T + t) * c.HV + hv]);  // as the backend: exp in fp32
+                const uint32_t key = detail::sr_token_key(head_key, t);
+                for (int64_t e = 0; e < E; ++e) {
+                  S[e] = g * S[e];
+                  const uint32_t r16 = detail::sr_elem_bits(key, e);
+                  const uint16_t want = bf ? detail::sr_bf16_bits(S[e], r16)
+                                           : detail::sr_fp16_bits(S[e], r16, detail::float_to_fp16_bits);
+                  if (with_inter) {
+                    const uint16_t got = load(c.inter, ((n * T + t) * c.HV + hv) * E + e);
+                    ASSERT_EQ(got, want) << "inter[" << n << ", " << t << ", " << hv << "] element " << e << " of "
+                                         << S[e];
+                  }
+                  if (t == T - 1) {
+                    ASSERT_EQ(load(c.state, head + e), want) << "row " << n << " head " << hv << " element " << e
+                                                             << " of " << S[e];
+                  }
+                }
+              }
+            }
+        }
 }
 
 }  // namespace

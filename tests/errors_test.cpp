@@ -40,6 +40,14 @@ Config with(Config c, const std::function<void(Config&)>& f) {
   return c;
 }
 
+// A bf16 state with a rounding seed (so the seed would matter if a bad one slipped through).
+Config seeded() {
+  return with(base(), [](Config& c) {
+    c.state_dtype = kBFloat16;
+    c.rounding_seed = 11;
+  });
+}
+
 Config pre() {
   return with(base(), [](Config& c) { c.gates = GateForm::kPrecomputed; });
 }
@@ -224,6 +232,31 @@ std::vector<ErrorCase> cases() {
         }
       },
       "state must be on a CPU");
+
+  // Stochastic rounding's seed: int64 [1] on the state's device, read-only.
+  add("RoundingSeedInt32", seeded(), [](DecodeArgs& a) { a.rounding_seed.dtype = kInt32; },
+      "rounding_seed dtype must be int64");
+  add("RoundingSeedFloat64", seeded(), [](DecodeArgs& a) { a.rounding_seed.dtype = dt(kDLFloat, 64); },
+      "rounding_seed dtype must be int64");
+  add("RoundingSeedTwoElements", seeded(), [](DecodeArgs& a) { a.rounding_seed.shape[0] = 2; },
+      "rounding_seed must hold exactly one element");
+  add("RoundingSeedEmpty", seeded(), [](DecodeArgs& a) { a.rounding_seed.shape[0] = 0; },
+      "rounding_seed must hold exactly one element");
+  add("RoundingSeedRank2", seeded(),
+      [](DecodeArgs& a) {
+        a.rounding_seed.ndim = 2;
+        a.rounding_seed.shape[1] = 1;
+        a.rounding_seed.strides[1] = 1;
+      },
+      "rounding_seed must have rank 1");
+  add("RoundingSeedOnOtherDevice", seeded(), [](DecodeArgs& a) { flip_device(a.rounding_seed); },
+      "rounding_seed must be on the state's device");
+  add("RoundingSeedMisaligned", seeded(),
+      [](DecodeArgs& a) { a.rounding_seed.data = static_cast<char*>(a.rounding_seed.data) + 4; },
+      "rounding_seed data pointer must be aligned");
+  add("RoundingSeedInsideState", seeded(),
+      [](DecodeArgs& a) { a.rounding_seed.data = static_cast<uint16_t*>(a.state.data) + 4096; },
+      "state must not overlap rounding_seed");
 
   // Options.
   add("ScaleNaN", base(), [](DecodeArgs& a) { a.scale = NAN; }, "scale must be finite");

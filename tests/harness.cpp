@@ -340,7 +340,7 @@ const char* arg_name(Arg a) {
   static const char* names[kNumArgs] = {"q",     "k",          "v",           "a",           "b",
                                         "A_log", "dt_bias",    "g",           "beta",        "state",
                                         "read_slots", "write_slots", "token_slots", "num_accepted",
-                                        "inter", "o",          "error_count", "mixed_qkv", "conv_weight",
+                                        "inter", "o",          "error_count", "rounding_seed", "mixed_qkv", "conv_weight",
                                         "conv_bias", "conv_state", "conv_inter", "z", "norm_weight"};
   return names[static_cast<int>(a)];
 }
@@ -369,6 +369,7 @@ TensorView& step_view(StepArgs& args, Arg a) {
     case Arg::kInter: return args.inter;
     case Arg::kO: return args.o;
     case Arg::kErrorCount: return args.error_count;
+    case Arg::kRoundingSeed: return args.rounding_seed;
     default: break;
   }
   return scratch_view();
@@ -423,6 +424,7 @@ std::string Config::name() const {
   if (strides == StrideMode::kPage) s << "_page";
   if (strides == StrideMode::kOdd) s << "_odd";
   if (!update_state) s << "_noupd";
+  if (rounding_seed) s << "_sr";
   if (fused)
     s << "_fused_W" << W << "L" << conv_L << "_c" << dtype_name(conv_dtype) << "_w" << dtype_name(weight_dtype)
       << (conv_bias ? "_bias" : "") << (conv_inter ? "_cinter" : "") << (conv_transposed ? "_cT" : "")
@@ -706,6 +708,11 @@ Case make_case(const Config& cfg, uint64_t seed) {
   if (cfg.error_count) {
     c[Arg::kErrorCount] = tensor(kInt32, {1}, {}, 0);
     c[Arg::kErrorCount].set({0}, 3);  // nonzero: gdn adds, never resets
+  }
+  if (cfg.rounding_seed) {
+    c[Arg::kRoundingSeed] = tensor(kInt64, {1}, {}, 0);
+    const int64_t zero = 0;
+    c[Arg::kRoundingSeed].set_bits(&zero, static_cast<uint64_t>(*cfg.rounding_seed));
   }
 
   // Slots: a permutation of the pool, with the top slot and slot 0 (an ordinary slot) in use.

@@ -118,7 +118,7 @@ void poison(const HostTensor& t);
 // ---------------------------------------------------------------------------------------
 enum class Arg : int {
   kQ, kK, kV, kA, kB, kALog, kDtBias, kG, kBeta, kState,
-  kReadSlots, kWriteSlots, kTokenSlots, kNumAccepted, kInter, kO, kErrorCount,
+  kReadSlots, kWriteSlots, kTokenSlots, kNumAccepted, kInter, kO, kErrorCount, kRoundingSeed,
   // The fused step's own tensors (gdn::FusedDecodeArgs); a fused case has no q, k, v.
   kMixedQkv, kConvWeight, kConvBias, kConvState, kConvInter, kZ, kNormWeight, kCount
 };
@@ -167,6 +167,9 @@ struct Config {
   bool update_state = true;
   bool error_count = true;
   int64_t extra_slots = 3;  // pool slots beyond what the rows need
+  // StepArgs::rounding_seed: an int64 [1] tensor holding this value (stochastic rounding of
+  // 16-bit state stores); absent when empty.
+  std::optional<int64_t> rounding_seed;
   int oversize = 1;         // storages this many times larger (error tests: safe if a bad
                             // dtype or shape slipped through and were read)
 

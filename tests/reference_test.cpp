@@ -1,6 +1,7 @@
 // The oracle itself, checked against numbers worked out by hand (K = V = 64 with only a 2x2
 // corner nonzero, so the arithmetic fits in a comment) and against invariants that do not
 // need a second implementation. Every backend test trusts the oracle; this is why it can.
+#include <array>
 #include <bit>
 #include <cmath>
 #include <functional>
@@ -14,6 +15,7 @@
 #include "gdn_reference.h"
 #include "harness.h"
 #include "host_dtype.h"
+#include "rounding.h"
 
 namespace gdn::test {
 namespace {
@@ -241,6 +243,62 @@ TEST(Oracle, TwoTokensEqualTwoCalls) {
   });
   EXPECT_LE(std::sqrt(num / den), 1e-6);
   EXPECT_GT(den, 0.0);
+}
+
+// Stochastic rounding in the oracle, against src/rounding.h applied here: with beta = 0 the
+// step is S <- g * S in float64 (delta = 0), so the stored element e of head hv after token t
+// of row n must be sr(fp32(g_t ... g_0 S), bits(seed, the row's read slot, hv, t, e)) with e in
+// the head's storage order, in the pool and in inter. Pool slots are read by rows other than
+// their own index, so a key taken from the batch position shows.
+TEST(Oracle, StochasticRoundingFollowsTheRule) {
+  for (DLDataType sd : {kBFloat16, kFloat16})
+    for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+      SCOPED_TRACE(dtype_name(sd) + (layout == StateLayout::kVK ? " VK" : " KV"));
+      Config cfg;
+      cfg.B = 3;
+      cfg.T = 2;
+      cfg.HV = 2;
+      cfg.V = 128;
+      cfg.layout = layout;
+      cfg.state_dtype = sd;
+      cfg.gates = GateForm::kPrecomputed;
+      cfg.addressing = Addressing::kPool;
+      cfg.inter = InterMode::kStrided;
+      cfg.rounding_seed = -987654321;
+      Case c = make_case(cfg, 21);
+      zero(c[Arg::kBeta]);
+      const Case before = c.clone();
+      ASSERT_TRUE(reference::decode(c.args()).ok());
+      const bool bf = sd.code == kDLBfloat;
+      const HostTensor &st = c[Arg::kState], &in = c[Arg::kInter];
+      int64_t farther = 0, total = 0;
+      for (int64_t n = 0; n < cfg.B; ++n) {
+        const int64_t slot = static_cast<int64_t>(c[Arg::kReadSlots].get({n}));
+        ASSERT_NE(slot, n);
+        for (int64_t hv = 0; hv < cfg.HV; ++hv) {
+          const uint32_t head_key = detail::sr_head_key(*cfg.rounding_seed, slot, hv);
+          for (int64_t i = 0; i < cfg.rows(); ++i)
+            for (int64_t j = 0; j < cfg.cols(); ++j) {
+              double x = before[Arg::kState].get({slot, hv, i, j});
+              for (int64_t t = 0; t < cfg.T; ++t) {
+                x = std::exp(c[Arg::kG].get({n, t, hv})) * x;
+                const float f = static_cast<float>(x);
+                const uint32_t r16 = detail::sr_elem_bits(detail::sr_token_key(head_key, t), i * cfg.cols() + j);
+                const uint16_t want = bf ? detail::sr_bf16_bits(f, r16) : detail::sr_fp16_bits(f, r16, detail::float_to_fp16_bits);
+                const int64_t ii[5] = {n, t, hv, i, j};
+                ASSERT_EQ(in.bits(ii), want) << "inter[" << n << ", " << t << ", " << hv << "] (" << i << ", " << j << ")";
+                const uint16_t rne = bf ? detail::float_to_bf16_bits(f) : detail::float_to_fp16_bits(f);
+                farther += want != rne;
+                ++total;
+              }
+              const int64_t si[4] = {slot, hv, i, j};
+              ASSERT_EQ(st.bits(si), in.bits(std::array<int64_t, 5>{n, cfg.T - 1, hv, i, j}.data()));
+            }
+        }
+      }
+      // Not round-to-nearest-even in disguise: about a quarter of the elements take the farther neighbour.
+      EXPECT_GT(farther, total / 8);
+    }
 }
 
 // The fused oracle against the definition written the way transformers writes it: the conv

@@ -28,6 +28,7 @@ struct BenchOptions {
   bool copy_kernel = false;    // CUDA only
   int threads = 0;             // CPU only: OpenMP threads (0: the runtime's default)
   double llc_multiple = 4.0;   // CPU: state sets rotated so the others' bytes are >= this x LLC
+  std::string rounding = "rne";  // CPU: 16-bit state stores rne | stochastic (rounding_seed) | all
 };
 
 void add_bench_command(CLI::App& app);

@@ -10,6 +10,8 @@
 // copy (hot, as they come from the previous layer). Rows report state GB/s: state bytes read
 // + written (valid rows only; + the intermediate cache) over the median per-call time, and
 // that as a percentage of the copy bandwidth (the floor is those bytes at the copy rate).
+// --rounding stochastic times 16-bit states with a rounding_seed (stochastic rounding of every
+// state store; the seed is the same every call, which does not change the time).
 #include <sys/resource.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -67,6 +69,7 @@ struct Config {
   int B;
   bool cache;
   bool update;
+  bool stochastic;  // rounding_seed given (16-bit states only)
 };
 
 struct Result {
@@ -228,6 +231,8 @@ Setup make_setup(const Config& c, const BenchOptions& opt, size_t llc, uint64_t 
   char* o = take(B * T * HV * V * 2);
   auto* rs = reinterpret_cast<int32_t*>(take(B * 4));
   auto* ws = reinterpret_cast<int32_t*>(take(B * 4));
+  auto* seed_value = reinterpret_cast<int64_t*>(take(8));
+  *seed_value = static_cast<int64_t>(seed);
   fill(q, kBFloat16, B * T * H * K, 1.732f, seed + 1);
   fill(k, kBFloat16, B * T * H * K, 1.732f, seed + 2);
   fill(v, kBFloat16, B * T * HV * V, 1.732f, seed + 3);
@@ -265,6 +270,7 @@ Setup make_setup(const Config& c, const BenchOptions& opt, size_t llc, uint64_t 
   base.update_state = c.update;
   if (c.mode != Mode::kDense) base.read_slots = make_view(rs, kInt32, cpu, {B});
   if (c.mode == Mode::kSplit) base.write_slots = make_view(ws, kInt32, cpu, {B});
+  if (c.stochastic) base.rounding_seed = make_view(seed_value, kInt64, cpu, {1});
 
   // One random pool, copied into the other sets (the values do not change the time).
   const int64_t pool_elems = P * slot_elems;
@@ -349,12 +355,15 @@ std::vector<Config> make_sweep(const BenchOptions& opt) {
           for (int T : Ts)
             for (int B : Bs)
               for (bool cache : {false, true})
-                for (bool update : {true, false}) {
-                  if (T == 1 && (cache || !update)) continue;  // cache/update sweep only for T > 1
-                  if (!pick(opt.cache, cache ? "on" : "off")) continue;
-                  if (!pick(opt.update, update ? "on" : "off")) continue;
-                  out.push_back(Config{&m, st, kv, mode, T, B, cache, update});
-                }
+                for (bool update : {true, false})
+                  for (bool sr : {false, true}) {
+                    if (T == 1 && (cache || !update)) continue;  // cache/update sweep only for T > 1
+                    if (!pick(opt.cache, cache ? "on" : "off")) continue;
+                    if (!pick(opt.update, update ? "on" : "off")) continue;
+                    if (!pick(opt.rounding, sr ? "stochastic" : "rne")) continue;
+                    if (sr && st.bits == 32) continue;  // fp32 stores never round
+                    out.push_back(Config{&m, st, kv, mode, T, B, cache, update, sr});
+                  }
       }
     }
   }
@@ -382,8 +391,8 @@ int cpu_bench_main(const BenchOptions& opt) {
 
   std::printf("device %s, %d threads, LLC %.0f MiB, %s kernels; copy %.2f GB/s (read + written, busy %.2f)\n",
               device.c_str(), threads, llc / 1048576.0, detail::cpu::cpu_simd_name(), copy0, busy0);
-  std::printf("%-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s %5s\n", "model", "state", "lay", "mode", "T",
-              "B", "cache", "update", "us", "GB/s", "%copy", "floor_us", "busy");
+  std::printf("%-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s %5s %5s\n", "model", "state", "lay", "mode", "T",
+              "B", "cache", "update", "us", "GB/s", "%copy", "floor_us", "busy", "round");
   const std::vector<Config> sweep = make_sweep(opt);
   std::vector<Result> results;
   int failures = 0;
@@ -395,9 +404,10 @@ int cpu_bench_main(const BenchOptions& opt) {
     try {
       const Result r = run_config(c, opt, llc, copy0, 1000 + i);
       results.push_back(r);
-      std::printf("%-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.1f %7.2f %5.1f%% %10.1f %5.2f\n", c.model->name,
+      std::printf("%-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.1f %7.2f %5.1f%% %10.1f %5.2f %5s\n", c.model->name,
                   state_name(c.state), c.layout_kv ? "KV" : "VK", mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off",
-                  c.update ? "on" : "off", r.us, r.gbs, 100.0 * r.gbs / copy0, r.floor_us, r.busy);
+                  c.update ? "on" : "off", r.us, r.gbs, 100.0 * r.gbs / copy0, r.floor_us, r.busy,
+                  c.stochastic ? "sr" : "rne");
       std::fflush(stdout);
     } catch (const std::exception& e) {
       ++failures;
@@ -439,6 +449,7 @@ int cpu_bench_main(const BenchOptions& opt) {
                       {"V", c.model->V},
                       {"cache", c.cache},
                       {"update", c.update},
+                      {"rounding", c.stochastic ? "stochastic" : "rne"},
                       {"state_sets", r.sets},
                       {"us", r.us},
                       {"GBs", r.gbs},

@@ -45,7 +45,7 @@ int64_t parts_per_head(const Problem& p) {
   return parts;
 }
 
-void run_item(const Problem& p, int64_t item, int64_t parts, int64_t width) {
+void run_item(const Problem& p, int64_t item, int64_t parts, int64_t width, const cpu::StateRounding& rounding) {
   const int64_t head = item / parts;
   const int64_t n = head / p.HV, hv = head % p.HV;
   const int64_t v0 = (item % parts) * width, v1 = v0 + width;
@@ -58,7 +58,7 @@ void run_item(const Problem& p, int64_t item, int64_t parts, int64_t width) {
   for (int64_t t0 = 0; t0 < p.T; t0 += cpu::kMaxT) {
     const int64_t nt = std::min<int64_t>(cpu::kMaxT, p.T - t0);
     cpu::load_step_inputs(p, n, hv, t0, nt, w.in);
-    cpu::step_head(p, n, hv, rs, w.in, v0, v1, w.out, w.carry);
+    cpu::step_head(p, n, hv, rs, w.in, v0, v1, w.out, w.carry, rounding);
     cpu::store_o(p, n, hv, t0, nt, v0, v1, w.out);
   }
 }
@@ -75,8 +75,9 @@ void run_all(const Problem& p) {
   // hardware prefetchers of each ran into its neighbour's head, and 16-bit states moved
   // 23-27 GB/s instead of 35-38 (Qwen3-Next, 2 threads).
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(p.HV * parts, items / (4 * threads)));
+  const cpu::StateRounding rounding = cpu::state_rounding(p);
 #pragma omp parallel for schedule(dynamic, chunk)
-  for (int64_t item = 0; item < items; ++item) run_item(p, item, parts, width);
+  for (int64_t item = 0; item < items; ++item) run_item(p, item, parts, width, rounding);
 }
 
 // Slots written by row n (final or per-token), for the duplicate-write check.

@@ -53,7 +53,8 @@ void conv_outputs(const FusedProblem& f, int64_t n, int64_t slot, int64_t d, flo
   }
 }
 
-void run_head(const FusedProblem& f, int64_t n, int64_t hv, const RowSlots& rs, Workspace& ws) {
+void run_head(const FusedProblem& f, int64_t n, int64_t hv, const RowSlots& rs, const cpu::StateRounding& rounding,
+              Workspace& ws) {
   const Problem& p = f.step;
   const int64_t T = p.T, K = p.K, V = p.V, h = hv / (p.HV / p.H);
   cpu::StepInputs& in = ws.in;
@@ -69,7 +70,7 @@ void run_head(const FusedProblem& f, int64_t n, int64_t hv, const RowSlots& rs, 
     cpu::normalize_qk(in.k[t], K, 1.f, p.use_qk_l2norm);
     cpu::step_gates(p, n, t, hv, &in.g[t], &in.beta[t]);
   }
-  cpu::step_head(p, n, hv, rs, in, 0, V, ws.out, ws.carry);
+  cpu::step_head(p, n, hv, rs, in, 0, V, ws.out, ws.carry, rounding);
   if (f.norm_weight.data) {
     for (int64_t t = 0; t < T; ++t) {
       float* o = ws.out.o[t];
@@ -115,6 +116,7 @@ void fused_decode_cpu(const FusedProblem& f) {
   const Problem& p = f.step;
   cpu::add_error_count(p, cpu::count_bad_rows(p));
   const int64_t items = p.B * p.HV;
+  const cpu::StateRounding rounding = cpu::state_rounding(p);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t item = 0; item < items; ++item) {
     const int64_t n = item / p.HV, hv = item % p.HV;
@@ -123,7 +125,7 @@ void fused_decode_cpu(const FusedProblem& f) {
       cpu::zero_o(p, n, hv, 0, p.V);
       continue;
     }
-    run_head(f, n, hv, rs, workspace());
+    run_head(f, n, hv, rs, rounding, workspace());
   }
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t n = 0; n < p.B; ++n) {

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "../host_dtype.h"
+#include "../rounding.h"
 
 // GDN_CPU_X86=0 on the command line builds the portable kernels alone, as on other ISAs.
 #ifndef GDN_CPU_X86
@@ -40,6 +41,18 @@ void step_gates(const Problem& p, int64_t n, int64_t t, int64_t hv, float* g, fl
   *g = std::exp(-A * sp);
   const float b = load_f32(p.b.data, p.b.dtype, n * p.b.s[0] + t * p.b.s[1] + hv * p.b.s[2]);
   *beta = 1.f / (1.f + std::exp(-b));
+}
+
+StateRounding state_rounding(const Problem& p) {
+  if (p.rounding_seed == nullptr) return {};
+  return {true, *p.rounding_seed};
+}
+
+// One fp32 value to 16-bit storage bits with the 16 random bits r16 (src/rounding.h).
+template <DType D>
+inline uint16_t sr_store_bits(float x, uint32_t r16) {
+  if constexpr (D == DType::kBF16) return sr_bf16_bits(x, r16);
+  else return sr_fp16_bits(x, r16, float_to_fp16_bits);
 }
 
 void zero_o(const Problem& p, int64_t n, int64_t hv, int64_t v0, int64_t v1) {
@@ -131,6 +144,16 @@ struct PortableOps {
   template <DType D, bool kNanFree = false, typename E>
   static void store_pair(E* p, F a, F b) {
     store2_e<D, kNanFree>(p, a, b);
+  }
+  // Stochastic rounding (src/rounding.h) of the 16 values x[0..16) of a 16-bit state, elements
+  // 2 * pair0 .. 2 * pair0 + 15 of the head's matrix, whose bits come from token_key.
+  template <DType D>
+  static void store_sr(uint16_t* p, const float* x, uint32_t token_key, uint32_t pair0) {
+    for (uint32_t j = 0; j < 8; ++j) {
+      const uint32_t r = sr_pair_bits(token_key, pair0 + j);
+      p[2 * j] = sr_store_bits<D>(x[2 * j], r & 0xffffu);
+      p[2 * j + 1] = sr_store_bits<D>(x[2 * j + 1], r >> 16);
+    }
   }
 };
 
@@ -283,6 +306,66 @@ struct Avx2Ops {
       store2_e<D, kNanFree>(p, a, b);
     }
   }
+
+  // PortableOps::store_sr in eight lanes: the same bits (tests/cpu_step_test.cpp checks them
+  // against src/rounding.h). The 8 pairs' hashes in one vector; lane j of *lo (*hi) takes
+  // element 2 * pair0 + j (+ 8): its pair's hash, shifted by 16 for the odd element.
+  static void sr_bits(uint32_t token_key, uint32_t pair0, __m256i* lo, __m256i* hi) {
+    __m256i x = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(pair0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    x = _mm256_xor_si256(x, _mm256_set1_epi32(static_cast<int>(token_key)));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));  // sr_mix32
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x85ebca6bu)));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 13));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0xc2b2ae35u)));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    const __m256i odd = _mm256_setr_epi32(0, 16, 0, 16, 0, 16, 0, 16), mask = _mm256_set1_epi32(0xffff);
+    *lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)), odd), mask);
+    *hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)), odd), mask);
+  }
+  template <DType D>
+  static void store_sr(uint16_t* p, const float* src, uint32_t token_key, uint32_t pair0) {
+    __m256i lo, hi;
+    sr_bits(token_key, pair0, &lo, &hi);
+    // packus interleaves quads (a0-3 b0-3 | a4-7 b4-7); the permute puts them in order.
+    const __m256i r = _mm256_packus_epi32(sr_round<D>(_mm256_loadu_ps(src), lo), sr_round<D>(_mm256_loadu_ps(src + 8), hi));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(r, 0xD8));
+  }
+  // One vector's 16-bit results (in 32-bit lanes) from random bits r16.
+  template <DType D>
+  static __m256i sr_round(F x, __m256i r16) {
+    const __m256i u = _mm256_castps_si256(x);
+    __m256i r;
+    if constexpr (D == DType::kBF16) {  // sr_bf16_bits
+      r = _mm256_srli_epi32(_mm256_add_epi32(u, r16), 16);
+      r = bf16_fix_nan(r, x);
+    } else {  // sr_fp16_bits
+      const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+      const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x8000));
+      // Normal: 13 random bits over the 13 dropped; (b >> 13) - (112 << 10) is the rebiased
+      // exponent and the 10 kept bits in one subtraction.
+      const __m256i b = _mm256_add_epi32(a, _mm256_srli_epi32(r16, 3));
+      const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(b, 13), _mm256_set1_epi32(112 << 10));
+      const __m256i is_normal = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x387fffff));
+      const __m256i is_big = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x477fdfff));
+      const __m256i other = _mm256_or_si256(_mm256_xor_si256(is_normal, _mm256_set1_epi32(-1)), is_big);
+      if (_mm256_testz_si256(other, other)) return _mm256_or_si256(sign, normal);  // the common case
+      // Subnormal: |x| in units of 2^-40, 16 random bits below fp16's step (counts >= 32 give 0).
+      const __m256i e = _mm256_srli_epi32(a, 23);
+      const __m256i m = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7fffff)),
+                                        _mm256_and_si256(_mm256_cmpgt_epi32(e, _mm256_setzero_si256()),
+                                                         _mm256_set1_epi32(0x800000)));
+      const __m256i shift = _mm256_sub_epi32(_mm256_max_epi32(e, _mm256_set1_epi32(1)), _mm256_set1_epi32(110));
+      const __m256i q = _mm256_blendv_epi8(_mm256_sllv_epi32(m, shift),
+                                           _mm256_srlv_epi32(m, _mm256_sub_epi32(_mm256_setzero_si256(), shift)),
+                                           _mm256_cmpgt_epi32(_mm256_setzero_si256(), shift));
+      const __m256i sub = _mm256_srli_epi32(_mm256_add_epi32(q, r16), 16);
+      r = _mm256_or_si256(sign, _mm256_blendv_epi8(sub, normal, is_normal));
+      // |x| >= 65504, Inf, NaN: round to nearest even.
+      const __m256i rne = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+      r = _mm256_blendv_epi8(r, rne, is_big);
+    }
+    return r;
+  }
 };
 
 namespace avx2 {
@@ -341,8 +424,8 @@ void normalize_qk(float* x, int64_t K, float scale, bool l2norm) {
 }
 
 void step_head(const Problem& p, int64_t n, int64_t hv, const RowSlots& rs, const StepInputs& in, int64_t v0,
-               int64_t v1, StepOutput& out, StepCarry& carry) {
-  GDN_CPU_DISPATCH(step_head_impl, p, n, hv, rs, in, v0, v1, out, carry);
+               int64_t v1, StepOutput& out, StepCarry& carry, const StateRounding& rounding) {
+  GDN_CPU_DISPATCH(step_head_impl, p, n, hv, rs, in, v0, v1, out, carry, rounding);
 }
 
 void store_o(const Problem& p, int64_t n, int64_t hv, int64_t t0, int64_t nt, int64_t v0, int64_t v1,

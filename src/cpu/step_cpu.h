@@ -10,9 +10,11 @@
 //   2. recurrence  step_head runs the block's tokens over value indices [v0, v1) of the head:
 //                  it reads the state from slot rs.read (first block) or from the carry,
 //                  stores intermediate-cache entries and state slots where the contract says
-//                  (per-token slots, final write slot, update_state), and writes o as fp32
-//                  into StepOutput. Value indices are independent in the math, so disjoint
-//                  [v0, v1) ranges of one head may run on different threads.
+//                  (per-token slots, final write slot, update_state), rounding 16-bit stores
+//                  as StateRounding says, and writes o as fp32 into StepOutput. Value indices
+//                  are independent in the math (the rounding's random bits depend on the
+//                  element's index, not on the split), so disjoint [v0, v1) ranges of one head
+//                  may run on different threads.
 //   3. output      store_o converts StepOutput to p.o's dtype. The fused step instead applies
 //                  its gated RMSNorm to each full V-vector before storing, so it passes
 //                  v0 = 0, v1 = V to step_head.
@@ -33,6 +35,15 @@ namespace gdn::detail::cpu {
 constexpr int kMaxDim = 256;  // largest K or V (check.cpp enforces 64, 128, 256)
 constexpr int kMaxT = 16;     // tokens per block; longer calls run in blocks, carrying the state
 constexpr int kVecWidth = 8;  // fp32 lanes of a kernel vector; v0 and v1 are multiples of 2 * kVecWidth
+
+// How the call rounds its 16-bit state stores (StepArgs::rounding_seed, src/rounding.h):
+// resolved once per call by state_rounding, which reads the seed's value, so every head of the
+// call uses the same one. Without a seed (or with an fp32 state): round-to-nearest-even.
+struct StateRounding {
+  bool stochastic = false;
+  int64_t seed = 0;
+};
+StateRounding state_rounding(const Problem& p);
 
 // Per-token inputs of one (n, hv) for tokens t0 .. t0 + nt - 1 of the call.
 struct StepInputs {
@@ -72,9 +83,10 @@ void step_gates(const Problem& p, int64_t n, int64_t t, int64_t hv, float* g, fl
 // The recurrence for the tokens of `in` on value indices [v0, v1) of head hv of row n.
 // rs must be a valid row (rs.read >= 0). `carry` holds the state between blocks (read when
 // in.t0 > 0, holding the state when tokens remain after this block) and is the KV tile path's
-// scratch for every T > 1. One carry per thread; the same thread runs a head's blocks.
+// scratch for every T > 1 and every stochastically rounded call. One carry per thread; the same
+// thread runs a head's blocks. `rounding` is the call's state_rounding(p).
 void step_head(const Problem& p, int64_t n, int64_t hv, const RowSlots& rs, const StepInputs& in,
-               int64_t v0, int64_t v1, StepOutput& out, StepCarry& carry);
+               int64_t v0, int64_t v1, StepOutput& out, StepCarry& carry, const StateRounding& rounding);
 
 // o[n, t0 + j, hv, v0..v1) <- out.o[j][v0..v1) in p.o's dtype (RNE), j < nt.
 void store_o(const Problem& p, int64_t n, int64_t hv, int64_t t0, int64_t nt, int64_t v0, int64_t v1,
