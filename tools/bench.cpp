@@ -29,11 +29,6 @@ int dispatch(BenchOptions opt) {
       std::fprintf(stderr, "gdn bench: --state fp16: the CUDA bench sweeps fp32 and bf16 states\n");
       return 2;
     }
-    if (opt.rounding != "rne") {
-      std::fprintf(stderr, "gdn bench: --rounding %s: the CUDA bench times round-to-nearest-even stores\n",
-                   opt.rounding.c_str());
-      return 2;
-    }
     if (opt.mode.empty()) opt.mode = "all";
     if (opt.cache.empty()) opt.cache = "all";
     if (opt.update.empty()) opt.update = "all";
@@ -63,7 +58,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--fused-norm", opt->fused_norm, "CUDA: the fused rows' gated RMSNorm (true | false)")
       ->capture_default_str();
   cmd->add_option("--rounding", opt->rounding,
-                  "CUDA: nearest | stochastic | all: bf16 state stores round to nearest even, or "
+                  "nearest | stochastic | all: 16-bit state stores round to nearest even, or "
                   "stochastically (StepArgs::rounding_seed); fp32 rows are always nearest")
       ->check(CLI::IsMember({"nearest", "stochastic", "all"}))
       ->capture_default_str();
@@ -88,10 +83,6 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--copy-kernel", opt->copy_kernel,
                 "CUDA: also time a plain copy kernel that moves the same state bytes the same way "
                 "(launch + latency + bandwidth floor; rows without the cache)");
-  cmd->add_option("--rounding", opt->rounding,
-                  "CPU: rne | stochastic | all: how 16-bit state stores round (stochastic: with a rounding_seed)")
-      ->check(CLI::IsMember({"rne", "stochastic", "all"}))
-      ->capture_default_str();
   cmd->add_option("--threads", opt->threads, "CPU: OpenMP threads for the copy and the calls (0: default)")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--llc-multiple", opt->llc_multiple,

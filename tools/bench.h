@@ -16,7 +16,7 @@ struct BenchOptions {
   std::string device = "auto";
   std::string op = "decode";   // CUDA: decode | fused | all (gdn::fused_decode rows)
   bool fused_norm = true;      // CUDA: the fused rows' gated RMSNorm
-  std::string rounding = "nearest";  // CUDA: nearest | stochastic | all (bf16 state stores)
+  std::string rounding = "nearest";  // nearest | stochastic | all (16-bit state stores)
   std::string model = "all", state = "all", mode, layout = "default";
   std::string cache, update;  // default: all (CUDA); off and on (CPU)
   std::vector<int> T, B;
@@ -28,7 +28,6 @@ struct BenchOptions {
   bool copy_kernel = false;    // CUDA only
   int threads = 0;             // CPU only: OpenMP threads (0: the runtime's default)
   double llc_multiple = 4.0;   // CPU: state sets rotated so the others' bytes are >= this x LLC
-  std::string rounding = "rne";  // CPU: 16-bit state stores rne | stochastic (rounding_seed) | all
 };
 
 void add_bench_command(CLI::App& app);

@@ -360,7 +360,7 @@ std::vector<Config> make_sweep(const BenchOptions& opt) {
                     if (T == 1 && (cache || !update)) continue;  // cache/update sweep only for T > 1
                     if (!pick(opt.cache, cache ? "on" : "off")) continue;
                     if (!pick(opt.update, update ? "on" : "off")) continue;
-                    if (!pick(opt.rounding, sr ? "stochastic" : "rne")) continue;
+                    if (!pick(opt.rounding, sr ? "stochastic" : "nearest")) continue;
                     if (sr && st.bits == 32) continue;  // fp32 stores never round
                     out.push_back(Config{&m, st, kv, mode, T, B, cache, update, sr});
                   }
@@ -449,7 +449,7 @@ int cpu_bench_main(const BenchOptions& opt) {
                       {"V", c.model->V},
                       {"cache", c.cache},
                       {"update", c.update},
-                      {"rounding", c.stochastic ? "stochastic" : "rne"},
+                      {"rounding", c.stochastic ? "stochastic" : "nearest"},
                       {"state_sets", r.sets},
                       {"us", r.us},
                       {"GBs", r.gbs},

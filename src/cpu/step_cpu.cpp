@@ -308,19 +308,30 @@ struct Avx2Ops {
   }
 
   // PortableOps::store_sr in eight lanes: the same bits (tests/cpu_step_test.cpp checks them
-  // against src/rounding.h). The 8 pairs' hashes in one vector; lane j of *lo (*hi) takes
-  // element 2 * pair0 + j (+ 8): its pair's hash, shifted by 16 for the odd element.
-  static void sr_bits(uint32_t token_key, uint32_t pair0, __m256i* lo, __m256i* hi) {
-    __m256i x = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(pair0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    x = _mm256_xor_si256(x, _mm256_set1_epi32(static_cast<int>(token_key)));
+  // against src/rounding.h). Lane i takes element e + i: its group's hash (sr_group_seed),
+  // then the LCG jump to its place in the group (sr_group_bits).
+  static __m256i sr_bits8(uint32_t token_key, uint32_t e) {
+    alignas(32) static const struct Jumps {
+      uint32_t a[8], c[8];
+      Jumps() {
+        for (int j = 0; j < 8; ++j) sr_lcg_jump(j, a[j], c[j]);
+      }
+    } jumps;
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(e)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i x = _mm256_xor_si256(_mm256_srli_epi32(idx, 3), _mm256_set1_epi32(static_cast<int>(token_key)));
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));  // sr_mix32
     x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x85ebca6bu)));
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 13));
     x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0xc2b2ae35u)));
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
-    const __m256i odd = _mm256_setr_epi32(0, 16, 0, 16, 0, 16, 0, 16), mask = _mm256_set1_epi32(0xffff);
-    *lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)), odd), mask);
-    *hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)), odd), mask);
+    const __m256i j = _mm256_and_si256(idx, _mm256_set1_epi32(7));
+    const __m256i a = _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(jumps.a)), j);
+    const __m256i c = _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(jumps.c)), j);
+    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_mullo_epi32(x, a), c), 16);
+  }
+  static void sr_bits(uint32_t token_key, uint32_t pair0, __m256i* lo, __m256i* hi) {
+    *lo = sr_bits8(token_key, 2 * pair0);
+    *hi = sr_bits8(token_key, 2 * pair0 + 8);
   }
   template <DType D>
   static void store_sr(uint16_t* p, const float* src, uint32_t token_key, uint32_t pair0) {
