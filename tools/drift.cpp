@@ -51,6 +51,7 @@ struct Options {
   int steps = 4096;
   int tokens = 4;
   double accept = 0.7;
+  double b_mean = 0.0;
   std::string mode = "all";
   std::string layout = "VK";
   uint64_t seed = 1;
@@ -152,8 +153,8 @@ void exact_step(const DecodeArgs& args, int64_t B) {
     if (!s.ok()) throw std::runtime_error("decode_exact: " + s.message());
 }
 
-void fill_bf16(std::vector<uint16_t>& buf, std::mt19937_64& rng) {
-  std::normal_distribution<float> nd(0.f, 1.f);
+void fill_bf16(std::vector<uint16_t>& buf, std::mt19937_64& rng, double mean = 0.0) {
+  std::normal_distribution<float> nd(static_cast<float>(mean), 1.f);
   for (auto& x : buf) x = detail::float_to_bf16_bits(nd(rng));
 }
 
@@ -217,7 +218,7 @@ ModeResult run_mode(const Options& opt, const Mode& mode, const std::vector<floa
     fill_bf16(k, rng);
     fill_bf16(v, rng);
     fill_bf16(a, rng);
-    fill_bf16(b, rng);
+    fill_bf16(b, rng, opt.b_mean);
     for (int64_t i = 0; i < B * T; ++i)
       for (int64_t h = 0; h < HV; ++h) {
         const double x = detail::bf16_bits_to_float(a[i * HV + h]) + dt_bias[h];
@@ -391,8 +392,8 @@ int run(const Options& opt) {
   if (opt.mode != "decode") modes.push_back({"verify", opt.tokens});
 
   std::printf("gdn drift: Qwen3-Next (TP %d: H=%lld HV=%lld K=%d V=%d), B=%d, layout %s, %d accepted tokens, "
-              "CPU backend against a float64 state; seed %llu\n",
-              opt.tp, (long long)H, (long long)HV, kK, kV, opt.batch, opt.layout.c_str(), opt.steps,
+              "b ~ N(%g, 1), CPU backend against a float64 state; seed %llu\n",
+              opt.tp, (long long)H, (long long)HV, kK, kV, opt.batch, opt.layout.c_str(), opt.steps, opt.b_mean,
               (unsigned long long)opt.seed);
   std::vector<ModeResult> results;
   for (const Mode& m : modes) {
@@ -412,7 +413,8 @@ int run(const Options& opt) {
     j["shape"] = {{"model", "qwen3-next"}, {"tp", opt.tp}, {"H", H}, {"HV", HV}, {"K", kK}, {"V", kV},
                   {"B", opt.batch}, {"layout", opt.layout}, {"inputs", "bf16"}, {"o", "fp32"},
                   {"use_qk_l2norm", true}, {"scale", 1.0 / std::sqrt(static_cast<double>(kK))}};
-    j["inputs"] = {{"q, k, v", "N(0, 1), rounded to bf16"}, {"a, b", "N(0, 1), rounded to bf16"},
+    j["inputs"] = {{"q, k, v", "N(0, 1), rounded to bf16"}, {"a", "N(0, 1), rounded to bf16"},
+                   {"b", "N(b_mean, 1), rounded to bf16; beta = sigmoid(b)"}, {"b_mean", opt.b_mean},
                    {"A_log", "log(U(1, 16)) per value head"},
                    {"dt_bias", "softplus^-1(dt), dt log-uniform in [1e-4, 1e-2] per value head"},
                    {"initial_state", "zeros"}, {"A_log_values", A_log}, {"dt_bias_values", dt_bias}};
@@ -447,6 +449,10 @@ void add_drift_command(CLI::App& app) {
   cmd->add_option("--tokens", opt->tokens, "T of the verify mode")->check(CLI::Range(2, 16))->capture_default_str();
   cmd->add_option("--accept", opt->accept, "verify mode: probability that each draft token is accepted")
       ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--b-mean", opt->b_mean,
+                  "mean of b ~ N(mean, 1), beta = sigmoid(b): negative means weak writes, where a decay near 1 "
+                  "moves the state by less than half a 16-bit ulp per step")
+      ->capture_default_str();
   cmd->add_option("--mode", opt->mode, "decode (T = 1) | verify (T = --tokens) | all")
       ->check(CLI::IsMember({"decode", "verify", "all"}))->capture_default_str();
   cmd->add_option("--layout", opt->layout, "state layout: VK (K-last) or KV (V-last)")
