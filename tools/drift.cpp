@@ -325,30 +325,30 @@ size_t sample_at(const ModeResult& r, double step) {
   return r.tokens.size() - 1;
 }
 
-void print_table(const ModeResult& r, int steps) {
+// One markdown table over every mode (docs/precision.md shows it as printed): o at log-spaced
+// accepted tokens, the state at the last.
+void print_table(const std::vector<ModeResult>& results, int steps) {
   std::vector<int> at;
   for (int s : {1, 16, 256, 1024, 4096})
     if (s < steps) at.push_back(s);
   at.push_back(steps);
-  std::printf("\n%s (T = %lld): %lld calls, %.0f s. Relative error of o (mean over the calls since the previous "
-              "sample) / of the state, at accepted tokens:\n\n| state |",
-              r.mode.name.c_str(), static_cast<long long>(r.mode.T), static_cast<long long>(r.calls), r.seconds);
-  for (int s : at) std::printf(" %d |", s);
-  std::printf("\n|---|");
-  for (size_t j = 0; j < at.size(); ++j) std::printf("---|");
+  std::printf("\nRelative error against the float64 state: of o (mean over the calls since the previous sample) "
+              "at accepted tokens, and of the state at the last:\n\n| mode | state |");
+  for (int s : at) std::printf(" o @ %d |", s);
+  std::printf(" state @ %d |\n|---|---|", steps);
+  for (size_t j = 0; j <= at.size(); ++j) std::printf("---:|");
   std::printf("\n");
-  for (int i = 0; i < kNumVariants; ++i) {
-    std::printf("| %s |", kVariants[i].name);
-    for (int s : at) {
-      const size_t j = sample_at(r, s);
-      std::printf(" %.1e / %.1e |", r.o_mean[i][j], r.state[i][j]);
+  for (const ModeResult& r : results)
+    for (int i = 0; i < kNumVariants; ++i) {
+      std::printf("| %s, T = %lld | %s |", r.mode.name.c_str(), static_cast<long long>(r.mode.T), kVariants[i].name);
+      for (int s : at) std::printf(" %.1e |", r.o_mean[i][sample_at(r, s)]);
+      std::printf(" %.1e |\n", r.state[i][sample_at(r, steps)]);
     }
-    std::printf("\n");
-  }
-  for (int i = 0; i < kNumVariants; ++i)
-    if (kVariants[i].stochastic && !r.differs[i])
-      std::printf("note: %s left the same bits as %s: this backend ignores rounding_seed (rounds to nearest)\n",
-                  kVariants[i].name, kVariants[i - 1].name);
+  for (const ModeResult& r : results)
+    for (int i = 0; i < kNumVariants; ++i)
+      if (kVariants[i].stochastic && !r.differs[i])
+        std::printf("note: %s, %s left the same bits as %s: this backend ignores rounding_seed (rounds to nearest)\n",
+                    r.mode.name.c_str(), kVariants[i].name, kVariants[i - 1].name);
 }
 
 nlohmann::json mode_json(const ModeResult& r) {
@@ -399,9 +399,12 @@ int run(const Options& opt) {
   for (const Mode& m : modes) {
     std::fprintf(stderr, "[drift] %s, T = %lld ...\n", m.name.c_str(), (long long)m.T);
     results.push_back(run_mode(opt, m, A_log, dt_bias));
-    print_table(results.back(), opt.steps);
+    const ModeResult& r = results.back();
+    std::printf("%s, T = %lld: %lld calls, %.0f s\n", m.name.c_str(), static_cast<long long>(m.T),
+                static_cast<long long>(r.calls), r.seconds);
     std::fflush(stdout);
   }
+  print_table(results, opt.steps);
 
   if (!opt.json.empty()) {
     nlohmann::json j;
