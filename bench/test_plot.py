@@ -94,7 +94,7 @@ def test_rejects_other_json(tmp_path):
 
 COMMITTED = sorted(glob.glob(os.path.join(HERE, "results", "*-all.json"))
                    + glob.glob(os.path.join(HERE, "results", "*-fla-compare.json"))
-                   + glob.glob(os.path.join(HERE, "results", "*-drift.json")))
+                   + glob.glob(os.path.join(HERE, "results", "*-drift*.json")))
 
 
 @pytest.mark.parametrize("src", COMMITTED, ids=os.path.basename)
