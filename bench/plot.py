@@ -15,6 +15,10 @@ Each file is recognised by its rows:
   `vs-<peer>.png`, the peer's time over gdn's (> 1: gdn is faster) against B, one panel per
   state dtype, one line per T; gdn writing out of place (gdn_oop_us, the peer's traffic) dotted.
   Its decode rows only (`--op decode`); with rows of several models, `vs-<peer>-<model>.png`.
+- `gdn drift --json` (tool: "gdn drift"): `drift.png`, the relative error of o (mean over the
+  calls between samples) and of the state against the exact (float64) trajectory, against
+  accepted tokens, log-log: one column per mode (T = 1 decode, speculative verify), one line
+  per state variant, stochastic rounding dashed.
 
 Figure names do not carry the commit (docs link them by name; the title says which run), so
 give one file of each kind per call or a separate --out for each.
@@ -68,6 +72,8 @@ def _save(fig, out, name, dpi):
 
 
 def kind(doc):
+    if doc.get("tool") == "gdn drift":
+        return "drift"
     rows = doc.get("rows") or []
     if rows and all("model" in r and "us" in r for r in rows):
         return "bench"
@@ -178,10 +184,50 @@ def _plot_peer(doc, rows, peer, model, out, name, dpi):
     return _save(fig, out, name, dpi)
 
 
+DRIFT_COLORS = {"fp32": "black", "bf16": "tab:blue", "fp16": "tab:orange"}
+
+
+def plot_drift(doc, out, dpi):
+    """gdn drift JSON -> drift.png; returns the path."""
+    modes = doc["modes"]
+    if not modes:
+        raise ValueError("no modes in the drift JSON")
+    fig, axes = plt.subplots(2, len(modes), figsize=(4.8 * len(modes), 6.6), sharex=True, sharey="row",
+                             squeeze=False)
+    for col, mode in enumerate(modes):
+        x = mode["tokens"]
+        for row, key, what in ((0, "o_mean", "o"), (1, "state_err", "state")):
+            ax = axes[row][col]
+            for v in mode["variants"]:
+                sr = v["rounding"] == "stochastic"
+                ax.plot(x, v[key], "--" if sr else "-", lw=1.5 if sr else 1.3,
+                        color=DRIFT_COLORS.get(v["state"], "gray"), label=v["name"])
+            ax.set_xscale("log", base=2)
+            ticks = [4 ** i for i in range(12) if 4 ** i <= max(x) * 1.01]
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([str(t) for t in ticks])
+            ax.set_yscale("log")
+            ax.grid(True, which="major", alpha=0.3)
+            if col == 0:
+                ax.set_ylabel(f"relative error of {what}")
+            if row == 0:
+                title = "decode, T = 1" if mode["T"] == 1 else f"speculative verify, T = {mode['T']}"
+                ax.set_title(title, fontsize=10)
+            else:
+                ax.set_xlabel("tokens (accepted, per row)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=9, frameon=False)
+    shape = doc.get("shape", {})
+    fig.suptitle(f"State drift against the float64 trajectory: {shape.get('model', '?')} TP {shape.get('tp', '?')}, "
+                 f"B = {shape.get('B', '?')}, {doc.get('device', '?')}, gdn {doc.get('commit', '?')}", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 0.87, 1))
+    return _save(fig, out, "drift.png", dpi)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("files", nargs="+", help="gdn bench or bench/fla_compare.py JSON")
+    p.add_argument("files", nargs="+", help="gdn bench, gdn drift or bench/fla_compare.py JSON")
     p.add_argument("--out", default=".", help="folder for the PNGs (default: current folder)")
     p.add_argument("--dpi", type=int, default=100, help="resolution (default 100: small files for docs/img)")
     p.add_argument("--mode", nargs="+", help="gdn bench figures for these addressing modes only "
@@ -194,12 +240,14 @@ def main(argv=None):
             doc = json.load(f)
         k = kind(doc)
         if k is None:
-            p.error(f"{path}: neither a gdn bench JSON nor a fla_compare JSON with decode rows")
+            p.error(f"{path}: neither a gdn bench or drift JSON nor a fla_compare JSON with decode rows")
         if k in seen:
             p.error(f"{path} and {seen[k]} would write the same figures: give each its own --out")
         seen[k] = path
         if k == "bench":
             plot_bench(doc, args.out, args.dpi, args.mode)
+        elif k == "drift":
+            plot_drift(doc, args.out, args.dpi)
         else:
             plot_peers(doc, args.out, args.dpi)
     return 0

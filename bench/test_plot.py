@@ -1,4 +1,4 @@
-"""bench/plot.py on tiny synthetic JSON of both kinds, and on the committed results it draws
+"""bench/plot.py on tiny synthetic JSON of every kind, and on the committed results it draws
 docs/img from: the PNGs appear and are PNGs."""
 
 import glob
@@ -74,6 +74,17 @@ def test_peers_json_with_fused_rows(tmp_path):
     assert r.returncode != 0 and "decode rows" in r.stderr
 
 
+def test_drift_json(tmp_path):
+    variants = [("fp32", "fp32", "nearest"), ("bf16", "bf16", "nearest"), ("bf16+sr", "bf16", "stochastic")]
+    modes = [{"mode": "decode", "T": T, "tokens": [1, 2, 4, 8], "variants": [
+        {"name": n, "state": st, "rounding": r, "o_mean": [1e-3 * i for i in range(1, 5)],
+         "state_err": [2e-3 * i for i in range(1, 5)]} for n, st, r in variants]} for T in (1, 4)]
+    src = tmp_path / "drift.json"
+    src.write_text(json.dumps({"tool": "gdn drift", "device": "cpu", "commit": "abc1234",
+                               "shape": {"model": "qwen3-next", "tp": 8, "B": 2}, "modes": modes}))
+    assert_pngs(run_plot(tmp_path, src), ["drift.png"])
+
+
 def test_rejects_other_json(tmp_path):
     src = tmp_path / "other.json"
     src.write_text(json.dumps({"rows": [{"x": 1}]}))
@@ -82,7 +93,8 @@ def test_rejects_other_json(tmp_path):
 
 
 COMMITTED = sorted(glob.glob(os.path.join(HERE, "results", "*-all.json"))
-                   + glob.glob(os.path.join(HERE, "results", "*-fla-compare.json")))
+                   + glob.glob(os.path.join(HERE, "results", "*-fla-compare.json"))
+                   + glob.glob(os.path.join(HERE, "results", "*-drift*.json")))
 
 
 @pytest.mark.parametrize("src", COMMITTED, ids=os.path.basename)

@@ -17,6 +17,13 @@ namespace gdn::reference {
 // read slot, the head, the token, the element's index in the head's matrix), as the backends.
 Status decode(const DecodeArgs& args);
 
+// decode with a float64 state (and inter, and optionally o) that is never rounded: the exact
+// trajectory that `gdn drift` measures fp32 / bf16 / fp16 states against, step after step.
+// gdn::decode accepts no float64, so the call is validated as decode validates the same views
+// typed fp32; their byte ranges are then half the real ones, so keep the float64 tensors in
+// buffers of their own.
+Status decode_exact(const DecodeArgs& args);
+
 // Same contract as gdn::fused_decode for host tensors (docs/semantics.md section 6), computed
 // in float64: the conv window, SiLU, the recurrence and the gated RMSNorm, with o, inter, the
 // state, conv_inter and the conv state stored in their own dtypes only where they are stored.

@@ -29,6 +29,7 @@ double get(const TensorView& t, std::initializer_list<int64_t> idx) {
     return t.dtype.bits == 64 ? static_cast<double>(static_cast<const int64_t*>(t.data)[off])
                               : static_cast<double>(static_cast<const int32_t*>(t.data)[off]);
   if (t.dtype.code == kDLBfloat) return detail::bf16_bits_to_float(static_cast<const uint16_t*>(t.data)[off]);
+  if (t.dtype.bits == 64) return static_cast<const double*>(t.data)[off];  // decode_exact only
   if (t.dtype.bits == 16) return detail::fp16_bits_to_float(static_cast<const uint16_t*>(t.data)[off]);
   return static_cast<const float*>(t.data)[off];
 }
@@ -39,11 +40,12 @@ int64_t get_index(const TensorView& t, std::initializer_list<int64_t> idx) {
                             : static_cast<int64_t>(static_cast<const int32_t*>(t.data)[off]);
 }
 
-// One rounding from float64 to the storage dtype (round-to-nearest-even).
+// One rounding from float64 to the storage dtype (round-to-nearest-even); none for float64.
 void put(const TensorView& t, std::initializer_list<int64_t> idx, double x) {
   const int64_t off = offset_of(t, idx);
   if (t.dtype.code == kDLBfloat) static_cast<uint16_t*>(t.data)[off] = double_to_bf16_bits(x);
   else if (t.dtype.bits == 16) static_cast<uint16_t*>(t.data)[off] = double_to_fp16_bits(x);
+  else if (t.dtype.bits == 64) static_cast<double*>(t.data)[off] = x;
   else static_cast<float*>(t.data)[off] = static_cast<float>(x);
 }
 
@@ -218,10 +220,10 @@ void run_head(const StepArgs& a, const Call& c, const Row& row, int64_t n, int64
   }
 }
 
-}  // namespace
-
-Status decode(const DecodeArgs& a) {
-  Status s = can_implement(a);
+// `checked` is `a` as validated: `a` itself, or for decode_exact `a` with its float64 views
+// retyped as fp32.
+Status decode_as(const DecodeArgs& a, const DecodeArgs& checked) {
+  Status s = can_implement(checked);
   if (!s.ok()) return s;
   if (a.state.device.device_type != kDLCPU)
     return Status(StatusCode::kNotSupported, "the oracle runs on host (kDLCPU) tensors only");
@@ -248,6 +250,22 @@ Status decode(const DecodeArgs& a) {
     }
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status decode(const DecodeArgs& a) { return decode_as(a, a); }
+
+Status decode_exact(const DecodeArgs& a) {
+  constexpr DLDataType kFloat64{kDLFloat, 64, 1};
+  auto same = [](DLDataType x, DLDataType y) { return x.code == y.code && x.bits == y.bits && x.lanes == y.lanes; };
+  if (!same(a.state.dtype, kFloat64) || (a.inter.defined() && !same(a.inter.dtype, kFloat64)))
+    return Status(StatusCode::kInvalidArgument, "decode_exact: state (and inter, if given) must be float64");
+  DecodeArgs checked = a;
+  checked.state.dtype = kFloat32;
+  if (checked.inter.defined()) checked.inter.dtype = kFloat32;
+  if (same(a.o.dtype, kFloat64)) checked.o.dtype = kFloat32;
+  return decode_as(a, checked);
 }
 
 // Section 6: the conv update over the window [conv state of the read slot | the T new inputs],

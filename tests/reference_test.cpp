@@ -301,6 +301,43 @@ TEST(Oracle, StochasticRoundingFollowsTheRule) {
     }
 }
 
+// decode_exact is decode without the state's rounding: from the same fp32 state, a T = 1 call
+// gives decode's o bit for bit (o is rounded once from the same float64 values) and a float64
+// state that rounds to decode's fp32 state; a state of another dtype is refused.
+TEST(Oracle, DecodeExactIsDecodeUnrounded) {
+  Config cfg;
+  cfg.B = 2;
+  cfg.HV = 2;
+  cfg.addressing = Addressing::kPool;
+  Case c = make_case(cfg, 21);
+  const HostTensor& st = c[Arg::kState];
+  const std::vector<int64_t> strides = compact_strides(st.shape);
+  auto at = [&](const int64_t* i) {
+    int64_t off = 0;
+    for (int d = 0; d < st.ndim(); ++d) off += i[d] * strides[d];
+    return off;
+  };
+  std::vector<double> s64(st.numel());
+  st.for_each([&](const int64_t* i) { s64[at(i)] = st.get(i); });
+  const HostTensor o = make_tensor(c[Arg::kO].dtype, c[Arg::kO].shape);
+  DecodeArgs exact = c.args();
+  exact.state.data = s64.data();
+  exact.state.dtype = DLDataType{kDLFloat, 64, 1};
+  for (int d = 0; d < st.ndim(); ++d) exact.state.strides[d] = strides[d];
+  exact.o = o.view();
+  exact.error_count = TensorView();
+  ASSERT_TRUE(reference::decode_exact(exact).ok());
+  ASSERT_TRUE(reference::decode(c.args()).ok());
+  c[Arg::kO].for_each([&](const int64_t* i) { ASSERT_EQ(c[Arg::kO].bits(i), o.bits(i)); });
+  bool moved = false;
+  st.for_each([&](const int64_t* i) {
+    ASSERT_EQ(static_cast<float>(s64[at(i)]), st.get(i));
+    moved = moved || static_cast<double>(static_cast<float>(s64[at(i)])) != s64[at(i)];
+  });
+  EXPECT_TRUE(moved) << "the float64 state holds no digits beyond fp32: nothing was tested";
+  EXPECT_EQ(reference::decode_exact(c.args()).code(), StatusCode::kInvalidArgument);
+}
+
 // The fused oracle against the definition written the way transformers writes it: the conv
 // as conv1d (no padding) over cat([conv_state, x]) keeping the last T outputs, SiLU, the split,
 // then the decode oracle on those q, k, v (stored in fp32), then the gated RMSNorm; and the conv

@@ -32,6 +32,9 @@ struct BenchOptions {
 
 void add_bench_command(CLI::App& app);
 
+// The CPU's model name from /proc/cpuinfo (the JSON's device field of CPU runs).
+std::string cpu_name();
+
 // Both return the process exit code (0: every configuration ran).
 int cpu_bench_main(const BenchOptions& opt);
 #ifdef GDN_WITH_CUDA

@@ -149,6 +149,8 @@ size_t llc_bytes() {
   return size_t{32} << 20;
 }
 
+}  // namespace
+
 std::string cpu_name() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;
@@ -159,6 +161,8 @@ std::string cpu_name() {
     }
   return "unknown CPU";
 }
+
+namespace {
 
 // Copy bandwidth over `threads` threads: read + written bytes over the median time. *busy as
 // in Result.
