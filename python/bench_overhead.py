@@ -77,13 +77,13 @@ def main():
     raw = gdn._run  # gdn._C_torch.decode where it was built for this torch, else gdn._C.decode
 
     def binding():
-        raw(q, k, v, state, o, a, b, A_log, dt_bias, None, None, slots, None, None, None, None, None,
+        raw(q, k, v, state, o, a, b, A_log, dt_bias, None, None, slots, None, None, None, None, None, None,
             "VK", None, True, True, False, None)
 
     check = getattr(raw, "__self__", gdn._C).can_implement
 
     def checks_only():
-        check(q, k, v, state, o, a, b, A_log, dt_bias, None, None, slots, None, None, None, None, None,
+        check(q, k, v, state, o, a, b, A_log, dt_bias, None, None, slots, None, None, None, None, None, None,
               "VK", None, True, True, False, None)
 
     def torch_op():

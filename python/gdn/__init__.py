@@ -109,6 +109,24 @@ def _translated(e, names):
     return type(e)(msg)
 
 
+def _seed_error(seed):
+    # The binding's message for a Python int seed (throw_not_a_tensor in gdn_ext.cpp), for the
+    # torch.compile path, where the op's schema would refuse it with a message about types.
+    return TypeError(f"rounding_seed must be an int64 tensor of shape [1] on the state's device, got int ({seed!r}): "
+                     f"e.g. torch.tensor([{seed!r}], device=state.device), advanced in place between steps "
+                     "(seed += 1), which a CUDA graph can capture")
+
+
+def _seed_tensor(t, seed):
+    """rounding_seed for the torch op under torch.compile: None or a torch tensor."""
+    if seed is None or isinstance(seed, t.Tensor):
+        return seed
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        raise _seed_error(seed)
+    raise TypeError("rounding_seed must be a tensor that supports DLPack or the buffer protocol (torch, numpy, "
+                    f"cupy, jax, ...), got {_type_name(seed)}")
+
+
 def _is_layout(layout):
     # isinstance first: `!=` against an array argument compares elementwise.
     return isinstance(layout, str) and (layout == "VK" or layout == "KV")
@@ -218,6 +236,7 @@ def decode(
     num_accepted=None,
     inter=None,
     error_count=None,
+    rounding_seed=None,
     scale=None,
     use_qk_l2norm=True,
     update_state=True,
@@ -238,6 +257,13 @@ def decode(
     stream for torch tensors, else the legacy default stream. Bad arguments raise TypeError
     (a wrong Python type) or ValueError (a bad value), naming the argument; a failed CUDA
     launch raises RuntimeError. See docs/python.md.
+
+    ``rounding_seed``: an int64 [1] tensor on the state's device; given, bf16 / fp16 state
+    stores (the pool and ``inter``) round stochastically, with bits drawn from its value (plus
+    slot, head, token, element), reproducible bit for bit; no effect on an fp32 state or on o.
+    Advance it in place between steps (``seed += 1``; inside a captured CUDA graph too, which
+    reads the value at replay). A Python int is refused (TypeError): it could not change
+    between replays of a captured graph, and would cost a host-to-device copy per call.
     """
     if o is None:
         o = _new_output(q, v, o_dtype)
@@ -251,12 +277,13 @@ def decode(
                                                                      check_duplicate_writes)
         t.op(q, k, v, state, o, a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g, beta=beta,
              read_slots=read_slots, write_slots=write_slots, token_slots=token_slots,
-             num_accepted=num_accepted, inter=inter, error_count=error_count, layout=layout, scale=scale,
+             num_accepted=num_accepted, inter=inter, error_count=error_count,
+             rounding_seed=_seed_tensor(t, rounding_seed), layout=layout, scale=scale,
              use_qk_l2norm=use_qk_l2norm, update_state=update_state,
              check_duplicate_writes=check_duplicate_writes)
         return o
     _run(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots, token_slots,
-         num_accepted, inter, error_count, layout, scale, use_qk_l2norm, update_state,
+         num_accepted, inter, error_count, rounding_seed, layout, scale, use_qk_l2norm, update_state,
          check_duplicate_writes, stream)
     return o
 
@@ -281,6 +308,7 @@ def reference_decode(
     num_accepted=None,
     inter=None,
     error_count=None,
+    rounding_seed=None,
     scale=None,
     use_qk_l2norm=True,
     update_state=True,
@@ -291,14 +319,15 @@ def reference_decode(
     """:func:`decode` computed by the float64 oracle (host tensors only, single thread, slow).
 
     Follows docs/semantics.md literally and rounds o, inter and the state to their
-    dtypes only where they are stored; the yardstick the tests measure decode against.
-    ``stream`` is type-checked like decode's and otherwise ignored.
+    dtypes only where they are stored (stochastically with ``rounding_seed``, drawing the
+    same random bits as decode); the yardstick the tests measure decode against. ``stream`` is
+    type-checked like decode's and otherwise ignored.
     """
     if o is None:
         o = _new_output(q, v, o_dtype)
     _run_reference(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots,
-                   token_slots, num_accepted, inter, error_count, layout, scale, use_qk_l2norm,
-                   update_state, check_duplicate_writes, stream)
+                   token_slots, num_accepted, inter, error_count, rounding_seed, layout, scale,
+                   use_qk_l2norm, update_state, check_duplicate_writes, stream)
     return o
 
 
@@ -327,6 +356,7 @@ def fused_decode(
     num_accepted=None,
     inter=None,
     error_count=None,
+    rounding_seed=None,
     scale=None,
     use_qk_l2norm=True,
     update_state=True,
@@ -345,7 +375,8 @@ def fused_decode(
     norm_weight * silu(z)`` (``z`` [B, T, HV, V] optional). ``conv_inter`` [B, T, D, L]
     receives the conv state after every token. Both pools are updated in place unless
     ``update_state`` is False. ``o`` is allocated with mixed_qkv's framework when None (dtype
-    ``o_dtype`` or mixed_qkv's). Errors, streams and devices as in :func:`decode`.
+    ``o_dtype`` or mixed_qkv's). ``rounding_seed``, errors, streams and devices as in
+    :func:`decode` (the seed rounds the recurrent state's stores, never the conv state's).
     """
     if o is None:
         o = _new_fused_output(mixed_qkv, state, layout, o_dtype)
@@ -358,13 +389,14 @@ def fused_decode(
         t.fused_op(mixed_qkv, conv_weight, conv_state, state, o, conv_bias=conv_bias, conv_inter=conv_inter,
                    norm_weight=norm_weight, z=z, norm_eps=norm_eps, a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g,
                    beta=beta, read_slots=read_slots, write_slots=write_slots, token_slots=token_slots,
-                   num_accepted=num_accepted, inter=inter, error_count=error_count, layout=layout, scale=scale,
+                   num_accepted=num_accepted, inter=inter, error_count=error_count,
+                   rounding_seed=_seed_tensor(t, rounding_seed), layout=layout, scale=scale,
                    use_qk_l2norm=use_qk_l2norm, update_state=update_state,
                    check_duplicate_writes=check_duplicate_writes)
         return o
     _run_fused(mixed_qkv, conv_weight, conv_state, conv_bias, conv_inter, norm_weight, z, state, o, a, b, A_log,
-               dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count, layout,
-               scale, use_qk_l2norm, update_state, check_duplicate_writes, stream, norm_eps)
+               dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count,
+               rounding_seed, layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, stream, norm_eps)
     return o
 
 
@@ -393,6 +425,7 @@ def reference_fused_decode(
     num_accepted=None,
     inter=None,
     error_count=None,
+    rounding_seed=None,
     scale=None,
     use_qk_l2norm=True,
     update_state=True,
@@ -410,8 +443,8 @@ def reference_fused_decode(
         o = _new_fused_output(mixed_qkv, state, layout, o_dtype)
     _run_reference_fused(mixed_qkv, conv_weight, conv_state, conv_bias, conv_inter, norm_weight, z, state, o, a, b,
                          A_log, dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter,
-                         error_count, layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, stream,
-                         norm_eps)
+                         error_count, rounding_seed, layout, scale, use_qk_l2norm, update_state,
+                         check_duplicate_writes, stream, norm_eps)
     return o
 
 
@@ -463,6 +496,7 @@ def can_implement(
     num_accepted=None,
     inter=None,
     error_count=None,
+    rounding_seed=None,
     scale=None,
     use_qk_l2norm=True,
     update_state=True,
@@ -479,7 +513,7 @@ def can_implement(
     if o is None:
         o = _new_output(q, v, o_dtype)
     r = _check(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots,
-               token_slots, num_accepted, inter, error_count, layout, scale, use_qk_l2norm,
+               token_slots, num_accepted, inter, error_count, rounding_seed, layout, scale, use_qk_l2norm,
                update_state, check_duplicate_writes, stream)
     if r is None:
         return _OK
@@ -511,6 +545,7 @@ def can_implement_fused(
     num_accepted=None,
     inter=None,
     error_count=None,
+    rounding_seed=None,
     scale=None,
     use_qk_l2norm=True,
     update_state=True,
@@ -528,8 +563,9 @@ def can_implement_fused(
     if o is None:
         o = _new_fused_output(mixed_qkv, state, layout, o_dtype)
     r = _check_fused(mixed_qkv, conv_weight, conv_state, conv_bias, conv_inter, norm_weight, z, state, o, a, b, A_log,
-                     dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count, layout,
-                     scale, use_qk_l2norm, update_state, check_duplicate_writes, stream, norm_eps)
+                     dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count,
+                     rounding_seed, layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, stream,
+                     norm_eps)
     if r is None:
         return _OK
     return Status(Status._NAMES.get(r[0], str(r[0])), r[1])

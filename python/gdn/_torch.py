@@ -48,7 +48,7 @@ SCHEMA = (
     "Tensor? a=None, Tensor? b=None, Tensor? A_log=None, Tensor? dt_bias=None, "
     "Tensor? g=None, Tensor? beta=None, "
     "Tensor? read_slots=None, Tensor? write_slots=None, Tensor? token_slots=None, Tensor? num_accepted=None, "
-    "Tensor(c!)? inter=None, Tensor(d!)? error_count=None, "
+    "Tensor(c!)? inter=None, Tensor(d!)? error_count=None, Tensor? rounding_seed=None, "
     "str layout, float? scale=None, bool use_qk_l2norm=True, bool update_state=True, "
     "bool check_duplicate_writes=False) -> ()"
 )
@@ -59,12 +59,12 @@ FUSED_SCHEMA = (
     "Tensor? a=None, Tensor? b=None, Tensor? A_log=None, Tensor? dt_bias=None, "
     "Tensor? g=None, Tensor? beta=None, "
     "Tensor? read_slots=None, Tensor? write_slots=None, Tensor? token_slots=None, Tensor? num_accepted=None, "
-    "Tensor(e!)? inter=None, Tensor(f!)? error_count=None, "
+    "Tensor(e!)? inter=None, Tensor(f!)? error_count=None, Tensor? rounding_seed=None, "
     "str layout, float? scale=None, bool use_qk_l2norm=True, bool update_state=True, "
     "bool check_duplicate_writes=False) -> ()"
 )
 _STEP_KEYWORD_TENSORS = ("a", "b", "A_log", "dt_bias", "g", "beta", "read_slots", "write_slots", "token_slots",
-                         "num_accepted", "inter", "error_count")
+                         "num_accepted", "inter", "error_count", "rounding_seed")
 _POSITIONAL = ("q", "k", "v", "state", "o")
 _KEYWORD_TENSORS = _STEP_KEYWORD_TENSORS
 _FUSED_POSITIONAL = ("mixed_qkv", "conv_weight", "conv_state", "state", "o")
@@ -73,18 +73,18 @@ _FUSED_KEYWORD_TENSORS = ("conv_bias", "conv_inter", "norm_weight", "z") + _STEP
 
 def _decode_impl(q, k, v, state, o, *, a=None, b=None, A_log=None, dt_bias=None, g=None, beta=None,
                  read_slots=None, write_slots=None, token_slots=None, num_accepted=None, inter=None,
-                 error_count=None, layout, scale=None, use_qk_l2norm=True, update_state=True,
-                 check_duplicate_writes=False):
+                 error_count=None, rounding_seed=None, layout, scale=None, use_qk_l2norm=True,
+                 update_state=True, check_duplicate_writes=False):
     """gdn.decode as a torch op: writes o (and state, inter, error_count) in place."""
     _run(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots, token_slots,
-         num_accepted, inter, error_count, layout, scale, use_qk_l2norm, update_state,
+         num_accepted, inter, error_count, rounding_seed, layout, scale, use_qk_l2norm, update_state,
          check_duplicate_writes, None)
 
 
 def _decode_fake(q, k, v, state, o, *, a=None, b=None, A_log=None, dt_bias=None, g=None, beta=None,
                  read_slots=None, write_slots=None, token_slots=None, num_accepted=None, inter=None,
-                 error_count=None, layout, scale=None, use_qk_l2norm=True, update_state=True,
-                 check_duplicate_writes=False):
+                 error_count=None, rounding_seed=None, layout, scale=None, use_qk_l2norm=True,
+                 update_state=True, check_duplicate_writes=False):
     # Everything is written in place: nothing to allocate, nothing to return. The scalars
     # are checked here so that a bad one fails while tracing, with the eager message.
     _C._check_step_scalars(layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, None)
@@ -93,18 +93,20 @@ def _decode_fake(q, k, v, state, o, *, a=None, b=None, A_log=None, dt_bias=None,
 
 def _fused_impl(mixed_qkv, conv_weight, conv_state, state, o, *, conv_bias=None, conv_inter=None, norm_weight=None,
                 z=None, norm_eps=1e-6, a=None, b=None, A_log=None, dt_bias=None, g=None, beta=None, read_slots=None,
-                write_slots=None, token_slots=None, num_accepted=None, inter=None, error_count=None, layout,
-                scale=None, use_qk_l2norm=True, update_state=True, check_duplicate_writes=False):
+                write_slots=None, token_slots=None, num_accepted=None, inter=None, error_count=None,
+                rounding_seed=None, layout, scale=None, use_qk_l2norm=True, update_state=True,
+                check_duplicate_writes=False):
     """gdn.fused_decode as a torch op: writes o (and both pools, both caches, error_count) in place."""
     _run_fused(mixed_qkv, conv_weight, conv_state, conv_bias, conv_inter, norm_weight, z, state, o, a, b, A_log,
-               dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count, layout,
-               scale, use_qk_l2norm, update_state, check_duplicate_writes, None, norm_eps)
+               dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count,
+               rounding_seed, layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, None, norm_eps)
 
 
 def _fused_fake(mixed_qkv, conv_weight, conv_state, state, o, *, conv_bias=None, conv_inter=None, norm_weight=None,
                 z=None, norm_eps=1e-6, a=None, b=None, A_log=None, dt_bias=None, g=None, beta=None, read_slots=None,
-                write_slots=None, token_slots=None, num_accepted=None, inter=None, error_count=None, layout,
-                scale=None, use_qk_l2norm=True, update_state=True, check_duplicate_writes=False):
+                write_slots=None, token_slots=None, num_accepted=None, inter=None, error_count=None,
+                rounding_seed=None, layout, scale=None, use_qk_l2norm=True, update_state=True,
+                check_duplicate_writes=False):
     _C._check_fused_scalars(layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, None, norm_eps)
     return None
 

@@ -511,6 +511,14 @@ nb::object bfloat16_bits(PyObject* o) {
                       "indices)");
   }
   Py_XDECREF(dt);
+  // A seed given as a Python int is refused with the form to use instead: the value must live
+  // in device memory so that a captured CUDA graph reads it at replay (an int would be baked
+  // into the graph, or cost a host-to-device copy per call), and the caller advances it there.
+  if (std::strcmp(name, "rounding_seed") == 0 && PyLong_Check(o) && !PyBool_Check(o))
+    throw_type_error("rounding_seed must be an int64 tensor of shape [1] on the state's device, got int (" +
+                     to_string(o, true) + "): e.g. torch.tensor([" + to_string(o, true) +
+                     "], device=state.device), advanced in place between steps (seed += 1), which a CUDA graph "
+                     "can capture");
   throw_type_error(std::string(name) + " must be a " + (written ? "writable " : "") +
                    "tensor that supports DLPack or the buffer protocol (torch, numpy, cupy, jax, ...), got " +
                    (o == Py_None ? std::string("None") : std::string(Py_TYPE(o)->tp_name)));
@@ -553,7 +561,7 @@ bool is_written(Access a, bool update_state) {
 // The tensors of the recurrence step (gdn::StepArgs), in their positional order; every
 // operation lists them after its own.
 template <class Args>
-constexpr std::array<TensorParam<Args>, 14> step_tensors() {
+constexpr std::array<TensorParam<Args>, 15> step_tensors() {
   return {{
       {"state", &Args::state, Access::kWriteIfUpdate},
       {"o", &Args::o, Access::kWrite},
@@ -569,6 +577,7 @@ constexpr std::array<TensorParam<Args>, 14> step_tensors() {
       {"num_accepted", &Args::num_accepted, Access::kRead},
       {"inter", &Args::inter, Access::kWrite},
       {"error_count", &Args::error_count, Access::kWrite},
+      {"rounding_seed", &Args::rounding_seed, Access::kRead},
   }};
 }
 
@@ -746,16 +755,16 @@ PyCFunction fastcall() {
 PyMethodDef kMethods[] = {
     {"decode", fastcall<DecodeOp, Mode::kRun>(), METH_FASTCALL,
      "decode(q, k, v, state, o, a, b, A_log, dt_bias, g, beta, read_slots, write_slots, token_slots, "
-     "num_accepted, inter, error_count, layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, "
-     "stream) -> None: raw binding of gdn::decode; use gdn.decode."},
+     "num_accepted, inter, error_count, rounding_seed, layout, scale, use_qk_l2norm, update_state, "
+     "check_duplicate_writes, stream) -> None: raw binding of gdn::decode; use gdn.decode."},
     {"reference_decode", fastcall<DecodeOp, Mode::kReference>(), METH_FASTCALL,
      "Same arguments as decode; runs the float64 oracle (host tensors only). Use gdn.reference_decode."},
     {"can_implement", fastcall<DecodeOp, Mode::kCheck>(), METH_FASTCALL,
      "Same arguments as decode; returns None when the call is valid, else (status code, message)."},
     {"fused_decode", fastcall<FusedOp, Mode::kRun>(), METH_FASTCALL,
      "fused_decode(mixed_qkv, conv_weight, conv_state, conv_bias, conv_inter, norm_weight, z, state, o, a, b, "
-     "A_log, dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count, layout, scale, "
-     "use_qk_l2norm, update_state, check_duplicate_writes, stream, norm_eps) -> None: raw binding of "
+     "A_log, dt_bias, g, beta, read_slots, write_slots, token_slots, num_accepted, inter, error_count, rounding_seed, "
+     "layout, scale, use_qk_l2norm, update_state, check_duplicate_writes, stream, norm_eps) -> None: raw binding of "
      "gdn::fused_decode; use gdn.fused_decode."},
     {"reference_fused_decode", fastcall<FusedOp, Mode::kReference>(), METH_FASTCALL,
      "Same arguments as fused_decode; runs the float64 oracle (host tensors only). Use gdn.reference_fused_decode."},

@@ -44,12 +44,19 @@ class Call:
         cursor += 64
         self.spec["error_count"] = [cursor, (1,), (1,), np.int32]
         cursor += 64
+        # An int64 seed takes two floats; every offset here is even, so it is 8-byte aligned.
+        self.spec["rounding_seed"] = [cursor, (1,), (2,), np.int64]
+        cursor += 64
         self.size = cursor + 4096
         self.base = (0.5 * rng.standard_normal(self.size)).astype(np.float32)
         slots = rng.permutation(P)[:B].astype(np.int32)
         off = self.spec["read_slots"][0]
         self.base[off:off + B] = slots.view(np.float32)
         self.base[self.spec["error_count"][0]] = np.int32(0).view(np.float32)
+        off = self.spec["rounding_seed"][0]
+        self.base[off:off + 2] = np.array([rng.integers(-(2 ** 63), 2 ** 63 - 1, dtype=np.int64)]).view(np.float32)
+        # Half the calls pass the seed (the state is fp32, which it must leave alone).
+        self.seeded = bool(rng.uniform() < 0.5)
         a_log = self.spec["A_log"][0]
         self.base[a_log:a_log + HV] = np.log(rng.uniform(1, 16, HV))
 
@@ -60,12 +67,16 @@ class Call:
                 shifted = buf.view(np.uint8)[off * 4 + byte_shift[name]:]
                 out[name] = np.ndarray(shape, dtype=dt, buffer=shifted, strides=tuple(4 * s for s in strides))
             else:
-                out[name] = np.lib.stride_tricks.as_strided(buf[off:].view(dt), shape,
-                                                            tuple(4 * s for s in strides))
+                # An 8-byte dtype is viewed from two floats (a view of the rest of the buffer
+                # would need an even number of floats left).
+                base = buf[off:off + 2] if np.dtype(dt).itemsize == 8 else buf[off:]
+                out[name] = np.lib.stride_tricks.as_strided(base.view(dt), shape, tuple(4 * s for s in strides))
         return out
 
     def call(self, fn, t, **extra):
         kw = dict(self.kw)
+        if self.seeded:
+            kw["rounding_seed"] = t["rounding_seed"]
         kw.update(extra)
         return fn(t["q"], t["k"], t["v"], t["state"], t["o"], a=t["a"], b=t["b"], A_log=t["A_log"],
                   dt_bias=t["dt_bias"], read_slots=t["read_slots"], error_count=t["error_count"], **kw)
@@ -74,6 +85,13 @@ class Call:
 def place(c, name, other, delta=0):
     """Moves tensor `name` onto `other`'s memory (+delta floats): an overlap."""
     c.spec[name][0] = c.spec[other][0] + delta
+
+
+def seed(c, index=None, value=None):
+    """Passes the seed, with spec entry `index` (1 shape, 2 strides, 3 dtype) set to `value`."""
+    c.seeded = True
+    if index is not None:
+        c.spec["rounding_seed"][index] = value
 
 
 # Defects: (kind, the argument the message must name, mutation). A mutation may return extra
@@ -106,6 +124,16 @@ def defects():
         ("q complex", "q", lambda c: {"__replace": ("q", np.zeros((B, T, H, K), np.complex64))}),
         ("q float64", "q", lambda c: {"__replace": ("q", np.zeros((B, T, H, K), np.float64))}),
         ("o wrong shape", "o", lambda c: c.spec["o"].__setitem__(1, (B, T, HV, V // 2))),
+        ("seed int32", "rounding_seed", lambda c: seed(c, 3, np.int32)),
+        ("seed float32", "rounding_seed", lambda c: seed(c, 3, np.float32)),
+        ("seed uint64", "rounding_seed", lambda c: seed(c, 3, np.uint64)),
+        ("seed of two elements", "rounding_seed", lambda c: seed(c, 1, (2,))),
+        ("seed of rank 2", "rounding_seed", lambda c: seed(c, 1, (1, 1)) or seed(c, 2, (2, 2))),
+        ("seed a Python int", "rounding_seed", lambda c: {"rounding_seed": 12345}),
+        ("seed a list", "rounding_seed", lambda c: {"rounding_seed": [1]}),
+        ("seed in o", "rounding_seed", lambda c: seed(c) or place(c, "rounding_seed", "o", 6)),
+        ("seed in the pool", "rounding_seed", lambda c: seed(c) or place(c, "rounding_seed", "state", 2048)),
+        ("misaligned seed", "rounding_seed", lambda c: seed(c) or {"__shift": {"rounding_seed": 4}}),
     ]
     return d
 
@@ -123,6 +151,10 @@ def variations():
         ("error_count in o's padding", lambda c: (
             c.spec["o"].__setitem__(2, (T * HV * (V + 8), HV * (V + 8), V + 8, 1)),
             c.spec["error_count"].__setitem__(0, c.spec["o"][0] + V))),
+        ("seeded", lambda c: seed(c)),
+        ("seed in o's padding", lambda c: (
+            seed(c), c.spec["o"].__setitem__(2, (T * HV * (V + 8), HV * (V + 8), V + 8, 1)),
+            c.spec["rounding_seed"].__setitem__(0, c.spec["o"][0] + V + 2))),
     ]
 
 

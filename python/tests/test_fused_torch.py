@@ -9,7 +9,18 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the GPU machine's CI has it)")
 
 import gdn  # noqa: E402  (after torch: the integration binds at import)
-from torch_testing import BF16, DEVICES, F16, F32, Draw, assert_close, needs_cuda  # noqa: E402
+from torch_testing import (  # noqa: E402
+    BF16,
+    DEVICES,
+    F16,
+    F32,
+    Draw,
+    assert_close,
+    fraction_differing,
+    needs_cuda,
+    seed_tensor,
+    stored_bits,
+)
 
 # Tensors fused_decode writes that hold copies of inputs (the conv pool, conv_inter): exact.
 EXACT = ("conv_state", "conv_pool", "conv_inter", "error_count")
@@ -234,6 +245,7 @@ def test_custom_op_registered():
     assert defaults["norm_eps"] == pytest.approx(1e-6) and defaults["use_qk_l2norm"] is True
     assert defaults["update_state"] is True and defaults["check_duplicate_writes"] is False
     assert defaults["scale"] is None and defaults["z"] is None and defaults["conv_bias"] is None
+    assert defaults["rounding_seed"] is None and kwargs["rounding_seed"].type.str() == "Tensor?"
     assert str(schema).startswith("gdn::fused_decode(Tensor mixed_qkv, Tensor conv_weight, Tensor(a!) conv_state, "
                                   "Tensor(b!) state, Tensor(c!) o, *, ")
     import gdn._torch as gt
@@ -441,3 +453,173 @@ def test_cuda_graph_replay_with_new_inputs(T, state_dtype):
             assert torch.equal(static[name].cpu().nan_to_num(7.0), cpu[name].nan_to_num(7.0)), \
                 f"{name} after replay {step}"
         assert (static["o"][step % B] == 0).all()
+
+
+# --- stochastic rounding of 16-bit state stores (rounding_seed) ------------------------------------
+
+def seeded(seed, value, state_dtype, B=3, T=2, H=2, HV=4, K=128, V=128, layout="KV"):
+    """A dense fused call with the intermediate cache, both in state_dtype, an fp16 conv pool
+    (never rounded stochastically), and rounding_seed = [value] (None: no seed) on the device."""
+
+    def build(device):
+        d = Draw(seed, device)
+        args, seen = fused_args(d, B, T, H, HV, K, V, B, layout=layout, state_dtype=state_dtype, conv_dtype=F16)
+        args["inter"] = d.nan((B, T) + tuple(args["state"].shape[1:]), state_dtype)
+        if value is not None:
+            args["rounding_seed"] = seed_tensor(value, device)
+        return args, dict(seen, inter=args["inter"])
+
+    return build
+
+
+SR_STATE_DTYPES = [BF16, F16]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", SR_STATE_DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["VK", "KV"])
+def test_rounding_seed_matches_oracle(device, state_dtype, layout):
+    got, want = run_vs_oracle(seeded(700, 2 ** 63 - 1, state_dtype, layout=layout), device)
+    # The kernel and the oracle draw the same random bits (src/rounding.h); see test_torch.py.
+    for name in ("state", "inter"):
+        assert fraction_differing(got[name], want[name]) < 0.01, f"{name}: {device} and the oracle drew other bits"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", SR_STATE_DTYPES, ids=str)
+def test_rounding_seed_same_bits_other_seed_other_bits(device, state_dtype):
+    runs = {}
+    for name, value in (("first", -5), ("again", -5), ("other", -6), ("nearest", None)):
+        args, seen = seeded(701, value, state_dtype)(device)
+        gdn.fused_decode(**args)
+        runs[name] = seen
+    first = runs["first"]
+    for name in ("o", "state", "inter", "conv_pool"):
+        assert torch.equal(stored_bits(first[name]), stored_bits(runs["again"][name])), f"{name}: same seed, other bits"
+    for other in ("other", "nearest"):
+        # Neither o nor the conv pool is rounded stochastically.
+        for name in ("o", "conv_pool"):
+            assert torch.equal(stored_bits(first[name]), stored_bits(runs[other][name])), f"{other} changed {name}"
+        for name in ("state", "inter"):
+            assert fraction_differing(first[name], runs[other][name]) > 0.1, f"{name}: {other} changed too few bits"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rounding_seed_leaves_an_fp32_state_alone(device):
+    args, seeded_run = seeded(702, 11, F32)(device)
+    gdn.fused_decode(**args)
+    args, plain = seeded(702, None, F32)(device)
+    gdn.fused_decode(**args)
+    for name in plain:
+        assert torch.equal(stored_bits(seeded_run[name]), stored_bits(plain[name])), f"the seed changed {name}"
+
+
+@pytest.mark.parametrize(
+    "seed,error,message",
+    [
+        (lambda: torch.zeros(1, dtype=torch.int32), ValueError, "^rounding_seed dtype must be int64, got int32"),
+        (lambda: torch.zeros(3, dtype=torch.int64), ValueError, "^rounding_seed must hold exactly one element"),
+        (lambda: torch.zeros(1, dtype=torch.int64, device="meta"), ValueError,
+         "^rounding_seed must be on the CPU or a CUDA device"),
+        (lambda: 3, TypeError, "^rounding_seed must be an int64 tensor of shape \\[1\\] on the state's device"),
+    ],
+    ids=["int32", "three-elements", "meta", "int"],
+)
+def test_rounding_seed_refused_naming_it(binding, seed, error, message):
+    args, seen = seeded(703, None, BF16)("cpu")
+    before = {n: t.clone() for n, t in seen.items()}
+    with pytest.raises(error, match=message):
+        gdn.fused_decode(**args, rounding_seed=seed())
+    for n in seen:
+        assert torch.equal(stored_bits(seen[n]), stored_bits(before[n])), f"{n} written on error"
+
+
+@needs_cuda
+def test_rounding_seed_on_another_device_is_refused():
+    args, _ = seeded(704, 1, BF16)("cuda")
+    with pytest.raises(ValueError, match="rounding_seed.*device|device.*rounding_seed"):
+        gdn.fused_decode(**{**args, "rounding_seed": args["rounding_seed"].cpu()})
+
+
+def test_custom_op_opcheck_with_rounding_seed():
+    args, _ = seeded(705, 3, BF16, B=2, H=1, HV=2, K=64, V=64)("cpu")
+    pos, kw = op_call(args)
+    torch.library.opcheck(torch.ops.gdn.fused_decode.default, pos, kw,
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration",
+                                      "test_aot_dispatch_dynamic"))
+
+
+def compile_with_seed_case(device, backend):
+    # Two fused steps that advance their seed in place: compiled and eager runs from the same
+    # start store the same bits and leave the same seed.
+    def step(args, seed):
+        o = gdn.fused_decode(**args, rounding_seed=seed)
+        seed += 1
+        return o.float() * 2
+
+    runs = []
+    for compiled in (False, True):
+        args, seen = seeded(706, None, BF16)(device)
+        seed = seed_tensor(-(2 ** 50), device)
+        fn = torch.compile(step, fullgraph=True, backend=backend) if compiled else step
+        with torch.no_grad():
+            outs = [fn(args, seed), fn(args, seed)]
+        runs.append((outs, seen, seed))
+    (eager_outs, eager, eager_seed), (outs, got, seed) = runs
+    assert seed.item() == eager_seed.item() == -(2 ** 50) + 2
+    for x, y in zip(outs, eager_outs):
+        assert torch.equal(x, y)
+    for name in ("state", "inter", "conv_pool"):
+        assert torch.equal(stored_bits(got[name]), stored_bits(eager[name])), f"compiled {name} differs from eager"
+
+
+def test_compile_with_rounding_seed_cpu_aot_eager():
+    torch._dynamo.reset()
+    compile_with_seed_case("cpu", "aot_eager")
+
+
+@needs_cuda
+def test_compile_with_rounding_seed_cuda_inductor():
+    torch._dynamo.reset()
+    compile_with_seed_case("cuda", "inductor")
+
+
+@needs_cuda
+@pytest.mark.parametrize("state_dtype", SR_STATE_DTYPES, ids=str)
+def test_cuda_graph_replay_advances_the_seed(state_dtype):
+    # `seed += 1` captured after the call: each replay matches the oracle given the value the
+    # previous replay left.
+    static, _ = seeded(707, 0, state_dtype)("cuda")
+    seed = static["rounding_seed"]
+
+    def step():
+        gdn.fused_decode(**static)
+        seed.add_(1)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up outside capture, as torch's docs advise
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    assert seed.item() == 1, "capture must not run the step"
+
+    for i in range(3):
+        fresh, _ = seeded(708 + i, None, state_dtype)("cuda")
+        for name in ("mixed_qkv", "a", "b", "z"):
+            static[name].copy_(fresh[name])
+        static["o"].fill_(float("nan"))
+        static["inter"].fill_(float("nan"))
+        cpu = {n: (t.cpu().clone() if isinstance(t, torch.Tensor) else t) for n, t in static.items()}
+        assert cpu["rounding_seed"].item() == 1 + i
+        graph.replay()
+        torch.cuda.synchronize()
+        assert seed.item() == 2 + i
+        gdn.reference_fused_decode(**cpu)
+        for name in ("o", "state", "inter"):
+            assert_close(static[name], cpu[name], f"{name} after replay {i}")
+            if name != "o":
+                assert fraction_differing(static[name], cpu[name]) < 0.01, f"{name} after replay {i}: other bits"
+        assert torch.equal(static["conv_state"].cpu(), cpu["conv_state"]), f"conv_state after replay {i}"

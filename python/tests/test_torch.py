@@ -10,7 +10,18 @@ torch = pytest.importorskip("torch", reason="torch is not installed (the GPU mac
 
 import gdn  # noqa: E402  (after torch: the integration binds at import)
 from gdn import flashinfer as fi  # noqa: E402
-from torch_testing import BF16, DEVICES, F16, F32, Draw, assert_close, needs_cuda  # noqa: E402
+from torch_testing import (  # noqa: E402
+    BF16,
+    DEVICES,
+    F16,
+    F32,
+    Draw,
+    assert_close,
+    fraction_differing,
+    needs_cuda,
+    seed_tensor,
+    stored_bits,
+)
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -329,6 +340,7 @@ def test_custom_op_registered():
     defaults = {n: a.default_value for n, a in kwargs.items() if n != "layout"}
     assert defaults["use_qk_l2norm"] is True and defaults["update_state"] is True
     assert defaults["check_duplicate_writes"] is False and defaults["scale"] is None and defaults["a"] is None
+    assert defaults["rounding_seed"] is None and kwargs["rounding_seed"].type.str() == "Tensor?"
     assert str(schema).startswith("gdn::decode(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor(b!) o, *, ")
 
 
@@ -474,6 +486,216 @@ def test_cuda_graph_replay_with_new_inputs(T, state_dtype):
         for name in ("o", "state", "inter", "error_count"):
             assert_close(static[name], cpu[name], f"{name} after replay {step}")
         assert (static["o"][step % B] == 0).all()
+
+
+# --- stochastic rounding of 16-bit state stores (rounding_seed) ------------------------------------
+
+def seeded_pool(seed, value, state_dtype, B=4, T=2, H=2, HV=4, K=128, V=128, P=9, layout="VK"):
+    """A pool call (rows read slots other than their index) with the intermediate cache, both
+    in state_dtype, and rounding_seed = [value] (None: no seed) on the call's device. Observed:
+    o, the pool, inter, and the slots written."""
+
+    def build(dev):
+        d = Draw(seed, dev)
+        args = d.inputs(B, T, H, HV, K, V)
+        args.update(state=d.pool(P, HV, K, V, layout, state_dtype), o=d.nan((B, T, HV, V), BF16), layout=layout)
+        args["read_slots"] = torch.randperm(P, generator=d.gen)[:B].to(torch.int32).to(dev)
+        args["inter"] = d.nan((B, T) + tuple(args["state"].shape[1:]), state_dtype)
+        if value is not None:
+            args["rounding_seed"] = seed_tensor(value, dev)
+        return args, {"o": args["o"], "state": args["state"], "inter": args["inter"]}
+
+    return build
+
+
+def stored(args, seen):
+    """What a seeded_pool call stored in the state's dtype: the slots it wrote, and inter."""
+    slots = args["read_slots"].long()
+    return {"state": seen["state"][slots], "inter": seen["inter"]}
+
+
+SR_STATE_DTYPES = [BF16, F16]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", SR_STATE_DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["VK", "KV"])
+def test_rounding_seed_matches_oracle(device, state_dtype, layout):
+    build = seeded_pool(600, -(2 ** 62) + 12345, state_dtype, layout=layout)
+    args, got = build(device)
+    gdn.decode(**args)
+    ref_args, want = build("cpu")
+    gdn.reference_decode(**ref_args)
+    for name in want:
+        assert_close(got[name], want[name], name)
+    # The backend and the oracle draw the same random bits (src/rounding.h): their stores differ
+    # only where their fp32 values straddle a rounding threshold, a few in 10^4; nearest
+    # rounding, or other bits, would differ in a quarter to a third of the elements.
+    got, want = stored(args, got), stored(ref_args, want)
+    for name in want:
+        assert fraction_differing(got[name], want[name]) < 0.01, f"{name}: {device} and the oracle drew other bits"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", SR_STATE_DTYPES, ids=str)
+def test_rounding_seed_same_bits_other_seed_other_bits(device, state_dtype):
+    runs = {}
+    for name, value in (("first", 77), ("again", 77), ("other", 78), ("nearest", None)):
+        args, seen = seeded_pool(601, value, state_dtype)(device)
+        gdn.decode(**args)
+        runs[name] = seen
+    first = runs["first"]
+    for name in ("o", "state", "inter"):
+        assert torch.equal(stored_bits(first[name]), stored_bits(runs["again"][name])), f"{name}: same seed, other bits"
+    for other in ("other", "nearest"):
+        # o comes from the fp32 state before any store: the seed has no effect on it.
+        assert torch.equal(stored_bits(first["o"]), stored_bits(runs[other]["o"])), f"{other} changed o"
+        # Two stochastic roundings of one value differ with probability 2p(1 - p) (a third on
+        # average), stochastic and nearest rounding with probability min(p, 1 - p).
+        x, y = stored(args, first), stored(args, runs[other])
+        for name in x:
+            assert fraction_differing(x[name], y[name]) > 0.1, f"{name}: {other} changed too few bits"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rounding_seed_leaves_an_fp32_state_alone(device):
+    build = seeded_pool(602, 5, F32)
+    seeded_args, seeded = build(device)
+    gdn.decode(**seeded_args)
+    plain_args, plain = seeded_pool(602, None, F32)(device)
+    gdn.decode(**plain_args)
+    for name in plain:
+        assert torch.equal(stored_bits(seeded[name]), stored_bits(plain[name])), f"the seed changed an fp32 {name}"
+
+
+@pytest.mark.parametrize(
+    "seed,error,message",
+    [
+        (lambda: torch.zeros(1, dtype=torch.int32), ValueError, "^rounding_seed dtype must be int64, got int32"),
+        (lambda: torch.zeros(1, dtype=torch.float64), ValueError, "^rounding_seed dtype must be int64, got float64"),
+        (lambda: torch.zeros(2, dtype=torch.int64), ValueError, "^rounding_seed must hold exactly one element"),
+        (lambda: torch.zeros(1, 1, dtype=torch.int64), ValueError, "^rounding_seed must have rank 1"),
+        (lambda: torch.tensor(3), ValueError, "^rounding_seed must have rank >= 1, got a 0-d tensor"),
+        (lambda: torch.zeros(1, dtype=torch.int64, device="meta"), ValueError,
+         "^rounding_seed must be on the CPU or a CUDA device, got torch device 'meta'"),
+        (lambda: 3, TypeError, "^rounding_seed must be an int64 tensor of shape \\[1\\] on the state's device, got int "
+                               "\\(3\\): e.g. torch.tensor\\(\\[3\\], device=state.device\\).*seed \\+= 1"),
+    ],
+    ids=["int32", "float64", "two-elements", "rank-2", "0-d", "meta", "int"],
+)
+def test_rounding_seed_refused_naming_it(binding, seed, error, message):
+    args, got = seeded_pool(603, None, BF16)("cpu")
+    before = {n: t.clone() for n, t in got.items()}
+    with pytest.raises(error, match=message):
+        gdn.decode(**args, rounding_seed=seed())
+    for n in got:
+        assert torch.equal(stored_bits(got[n]), stored_bits(before[n])), f"{n} written on error"
+
+
+@needs_cuda
+def test_rounding_seed_on_another_device_is_refused():
+    args, _ = seeded_pool(604, 1, BF16)("cuda")
+    with pytest.raises(ValueError, match="rounding_seed.*device|device.*rounding_seed"):
+        gdn.decode(**{**args, "rounding_seed": args["rounding_seed"].cpu()})
+    args, _ = seeded_pool(604, 1, BF16)("cpu")
+    with pytest.raises(ValueError, match="rounding_seed.*device|device.*rounding_seed"):
+        gdn.decode(**{**args, "rounding_seed": args["rounding_seed"].cuda()})
+
+
+def test_custom_op_opcheck_with_rounding_seed():
+    args, _ = seeded_pool(605, 9, BF16, B=2, T=2, H=1, HV=2, K=64, V=64, P=4)("cpu")
+    positional = tuple(args.pop(n) for n in ("q", "k", "v", "state", "o"))
+    torch.library.opcheck(torch.ops.gdn.decode.default, positional, args,
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration",
+                                      "test_aot_dispatch_dynamic"))
+
+
+def compile_with_seed_case(device, backend, state_dtype=BF16):
+    # A decode step that advances its seed in place, as a serving loop would: compiled and
+    # eager runs of two steps from the same start store the same bits and leave the same seed.
+    def step(args, seed):
+        o = gdn.decode(**args, rounding_seed=seed)
+        seed += 1
+        return o.float() * 2
+
+    runs = []
+    for compiled in (False, True):
+        args, seen = seeded_pool(606, None, state_dtype)(device)
+        seed = seed_tensor(2 ** 40, device)
+        fn = torch.compile(step, fullgraph=True, backend=backend) if compiled else step
+        with torch.no_grad():
+            outs = [fn(args, seed), fn(args, seed)]
+        runs.append((outs, seen, seed))
+    (eager_outs, eager, eager_seed), (outs, got, seed) = runs
+    assert seed.item() == eager_seed.item() == 2 ** 40 + 2
+    for x, y in zip(outs, eager_outs):
+        assert torch.equal(x, y)
+    for name in ("state", "inter"):
+        assert torch.equal(stored_bits(got[name]), stored_bits(eager[name])), f"compiled {name} differs from eager"
+
+
+def test_compile_with_rounding_seed_cpu_aot_eager():
+    torch._dynamo.reset()
+    compile_with_seed_case("cpu", "aot_eager")
+
+
+@needs_cuda
+def test_compile_with_rounding_seed_cuda_inductor():
+    torch._dynamo.reset()
+    compile_with_seed_case("cuda", "inductor")
+
+
+def test_compile_refuses_an_int_seed():
+    torch._dynamo.reset()
+    args, _ = seeded_pool(607, None, BF16)("cpu")
+
+    def f(args):
+        return gdn.decode(**args, rounding_seed=7) + 1
+
+    with torch.no_grad(), pytest.raises(Exception, match="rounding_seed must be an int64 tensor of shape \\[1\\]"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(args)
+
+
+@needs_cuda
+@pytest.mark.parametrize("state_dtype", SR_STATE_DTYPES, ids=str)
+def test_cuda_graph_replay_advances_the_seed(state_dtype):
+    # `seed += 1` captured after the call: each replay reads the value the previous one left,
+    # so every step draws new bits, and each matches the oracle given that step's value.
+    build = seeded_pool(608, 1000, state_dtype)
+    static, _ = build("cuda")
+    seed = static["rounding_seed"]
+
+    def step():
+        gdn.decode(**static)
+        seed.add_(1)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up outside capture, as torch's docs advise
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    assert seed.item() == 1001, "capture must not run the step"
+
+    for i in range(3):
+        fresh = Draw(609 + i, "cuda").inputs(4, 2, 2, 4, 128, 128)
+        for name, t in fresh.items():
+            static[name].copy_(t)
+        static["o"].fill_(float("nan"))
+        static["inter"].fill_(float("nan"))
+        cpu = {n: (t.cpu().clone() if isinstance(t, torch.Tensor) else t) for n, t in static.items()}
+        assert cpu["rounding_seed"].item() == 1001 + i
+        graph.replay()
+        torch.cuda.synchronize()
+        assert seed.item() == 1002 + i
+        gdn.reference_decode(**cpu)
+        for name in ("o", "state", "inter"):
+            assert_close(static[name], cpu[name], f"{name} after replay {i}")
+        got, want = stored(static, static), stored(cpu, cpu)
+        for name in want:
+            assert fraction_differing(got[name], want[name]) < 0.01, f"{name} after replay {i}: other bits"
 
 
 # --- FlashInfer shims on CUDA --------------------------------------------------------------------

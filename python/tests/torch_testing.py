@@ -1,6 +1,7 @@
-"""Shared helpers for gdn's torch tests: seeded draws on any device, the CUDA skip marker, and
-docs/semantics.md section 5 on torch tensors (through gdn_testing.assert_matches). Imported
-only by test modules that have already skipped themselves without torch."""
+"""Shared helpers for gdn's torch tests: seeded draws on any device, the CUDA skip marker,
+docs/semantics.md section 5 on torch tensors (through gdn_testing.assert_matches), and the
+bit comparisons of the stochastic-rounding tests. Imported only by test modules that have
+already skipped themselves without torch."""
 
 import numpy as np
 import pytest
@@ -65,3 +66,19 @@ def to_numpy(x):
     if x.dtype != BF16:
         return x.contiguous().numpy()
     return x.contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def seed_tensor(value, device):
+    """A rounding_seed as gdn takes it: int64 [1] on the state's device."""
+    return torch.tensor([value], dtype=torch.int64, device=device)
+
+
+def stored_bits(x):
+    """A tensor's stored bit patterns on the host (16- or 32-bit), for exact comparisons."""
+    x = x.detach().cpu().contiguous()
+    return x.view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+
+def fraction_differing(x, y):
+    """The fraction of elements whose stored bits differ."""
+    return (stored_bits(x) != stored_bits(y)).double().mean().item()
