@@ -11,17 +11,7 @@
 namespace gdn::test {
 namespace {
 
-#define GDN_SEED()                 \
-  const uint64_t seed = test_seed(); \
-  SCOPED_TRACE("seed=" + std::to_string(seed))
-
-class Decode : public ::testing::TestWithParam<Backend> {
- protected:
-  void SetUp() override {
-    if (std::string why = backend_unavailable(GetParam()); !why.empty()) GTEST_SKIP() << why;
-  }
-  Backend backend() const { return GetParam(); }
-};
+class Decode : public BackendTest {};
 
 Config base(Addressing mode, int64_t B, int64_t T) {
   Config c;

@@ -17,10 +17,6 @@
 namespace gdn::test {
 namespace {
 
-#define GDN_SEED()                   \
-  const uint64_t seed = test_seed(); \
-  SCOPED_TRACE("seed=" + std::to_string(seed))
-
 enum Factor : int {
   kFB, kFT, kFHeads, kFK, kFV, kFLayout, kFStateDtype, kFInputDtype, kFOutDtype, kFGates, kFAddressing,
   kFPadding, kFInter, kFStrides, kFUpdate, kFW, kFL, kFConvDtype, kFWeightDtype, kFTransposed, kFNorm,
@@ -152,13 +148,7 @@ TEST(FusedMatrixCoverage, EveryLevelAppearsAndBudgetHolds) {
 // ---------------------------------------------------------------------------------------
 // The rules one at a time.
 // ---------------------------------------------------------------------------------------
-class Fused : public ::testing::TestWithParam<Backend> {
- protected:
-  void SetUp() override {
-    if (std::string why = backend_unavailable(GetParam()); !why.empty()) GTEST_SKIP() << why;
-  }
-  Backend backend() const { return GetParam(); }
-};
+class Fused : public BackendTest {};
 
 Config base(Addressing mode, int64_t B, int64_t T) {
   Config c;

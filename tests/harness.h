@@ -230,6 +230,20 @@ std::string backend_unavailable(Backend b);
 // Whether the device can hold `bytes` more (big-pool tests); reason in *why when not.
 bool device_can_allocate(Backend b, size_t bytes, std::string* why);
 
+// A suite parameterized by backend: skips, saying why, where the backend cannot run here.
+class BackendTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (std::string why = backend_unavailable(GetParam()); !why.empty()) GTEST_SKIP() << why;
+  }
+  Backend backend() const { return GetParam(); }
+};
+
+// The running test's seed (test_seed), named in every failure message under it.
+#define GDN_SEED()                   \
+  const uint64_t seed = test_seed(); \
+  SCOPED_TRACE("seed=" + std::to_string(seed))
+
 // Runs gdn::decode on `backend` over the case's views. `fixup` may edit the device-side
 // arguments (mixed-device error tests). `can_implement_status`, if given, receives
 // can_implement() of exactly the arguments decode saw.

@@ -210,17 +210,7 @@ TEST(RoundingRule, BitsAreAFunctionOfTheKeyAlone) {
 // ---------------------------------------------------------------------------------------
 // The rule on every backend.
 // ---------------------------------------------------------------------------------------
-#define GDN_SEED()                   \
-  const uint64_t seed = test_seed(); \
-  SCOPED_TRACE("seed=" + std::to_string(seed))
-
-class StochasticRounding : public ::testing::TestWithParam<Backend> {
- protected:
-  void SetUp() override {
-    if (std::string why = backend_unavailable(GetParam()); !why.empty()) GTEST_SKIP() << why;
-  }
-  Backend backend() const { return GetParam(); }
-};
+class StochasticRounding : public BackendTest {};
 
 Config base(Addressing mode, int64_t B, int64_t T, DLDataType state, StateLayout layout) {
   Config c;

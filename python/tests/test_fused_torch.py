@@ -16,6 +16,7 @@ from torch_testing import (  # noqa: E402
     F32,
     Draw,
     assert_close,
+    capture_graph,
     fraction_differing,
     needs_cuda,
     seed_tensor,
@@ -421,14 +422,7 @@ def test_cuda_graph_replay_with_new_inputs(T, state_dtype):
     static["inter"] = torch.full((B, T, HV, K, V), float("nan"), dtype=state_dtype, device="cuda")
     static["conv_inter"] = torch.full((B, T, D, L), float("nan"), dtype=BF16, device="cuda")
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        gdn.fused_decode(**static)  # warm-up outside capture, as torch's docs advise
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gdn.fused_decode(**static)
+    graph = capture_graph(lambda: gdn.fused_decode(**static))
 
     gen = torch.Generator().manual_seed(541)
     for step in range(3):
@@ -596,14 +590,7 @@ def test_cuda_graph_replay_advances_the_seed(state_dtype):
         gdn.fused_decode(**static)
         seed.add_(1)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm-up outside capture, as torch's docs advise
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     assert seed.item() == 1, "capture must not run the step"
 
     for i in range(3):

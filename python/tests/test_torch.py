@@ -17,6 +17,7 @@ from torch_testing import (  # noqa: E402
     F32,
     Draw,
     assert_close,
+    capture_graph,
     fraction_differing,
     needs_cuda,
     seed_tensor,
@@ -458,14 +459,7 @@ def test_cuda_graph_replay_with_new_inputs(T, state_dtype):
     static["read_slots"].copy_(torch.arange(B))
     static["write_slots"].copy_(torch.arange(B) + B)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        gdn.decode(**static)  # warm-up outside capture, as torch's docs advise
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gdn.decode(**static)
+    graph = capture_graph(lambda: gdn.decode(**static))
 
     gen = torch.Generator().manual_seed(231)
     for step in range(3):
@@ -669,14 +663,7 @@ def test_cuda_graph_replay_advances_the_seed(state_dtype):
         gdn.decode(**static)
         seed.add_(1)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm-up outside capture, as torch's docs advise
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     assert seed.item() == 1001, "capture must not run the step"
 
     for i in range(3):

@@ -82,3 +82,17 @@ def stored_bits(x):
 def fraction_differing(x, y):
     """The fraction of elements whose stored bits differ."""
     return (stored_bits(x) != stored_bits(y)).double().mean().item()
+
+
+def capture_graph(step):
+    """Runs `step` once on a side stream (the warm-up outside capture torch's docs advise), then
+    captures it into a CUDA graph, returned unreplayed."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
