@@ -170,6 +170,22 @@ __device__ __forceinline__ Packed<S> pack_state_vec_sr(const float* in, uint32_t
   static_assert(sizeof(S) == 2, "fp32 states are never rounded");
   const uint32_t x0 = sr_group_seed(key, e0 >> 3);
   uint32_t w[4];
+  if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    // One test for the vector instead of a NaN guard per element: a finite sum means eight
+    // finite values, for which sr_bf16_bits is the add and the top half alone.
+    float sum = in[0];
+#pragma unroll
+    for (int i = 1; i < 8; ++i) sum += in[i];
+    if (isfinite(sum)) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        w[i] = __byte_perm(__float_as_uint(in[2 * i]) + sr_group_bits(x0, 2 * i),
+                           __float_as_uint(in[2 * i + 1]) + sr_group_bits(x0, 2 * i + 1), 0x7632);
+      Packed<S> r;
+      r.u = make_uint4(w[0], w[1], w[2], w[3]);
+      return r;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i)
     w[i] = sr_pack2(in[2 * i], in[2 * i + 1], sr_group_bits(x0, 2 * i), sr_group_bits(x0, 2 * i + 1),

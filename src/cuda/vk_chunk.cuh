@@ -335,6 +335,13 @@ __global__ void __launch_bounds__(kVkThreads, 5)
       for (int i = 0; i < NG; i += 2) {
         uint32_t b[4];
         ldsm_x4_trans(b, bp + (n0 + i) * 8);
+        // Stochastic rounding: the lanes of a quad (same rows) share the hashes of the four
+        // groups of 8 elements they store here (n-tiles i, i + 1; rows rg, rg + 8): lane t4
+        // computes group (h = t4 & 1, row half t4 >> 1) and the quad reads them by shuffle
+        // (each lane computing all four cost the chunked kernel +30% at T = 4).
+        uint32_t gseed = 0;
+        if (sr)
+          gseed = sr_group_seed(key, (((row0 + rg) * K + (n0 + i + (t4 & 1)) * 8) >> 3) + (t4 >> 1) * K);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float acc[4] = {gam_end * bf16_lo(u[i + h][0]), gam_end * bf16_hi(u[i + h][0]),
@@ -342,9 +349,10 @@ __global__ void __launch_bounds__(kVkThreads, 5)
           mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
           mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
           mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
-          if (sr) {  // element (v, k): e = v * K + k; this lane's pair is j0, j0 + 1 of group g
-            const int64_t g0 = ((row0 + rg) * K + (n0 + i + h) * 8) >> 3;
-            const uint32_t x0 = sr_group_seed(key, g0), x1 = sr_group_seed(key, g0 + K);
+          if (sr) {  // element (v, k): e = v * K + k; this lane's pair is 2 * t4, 2 * t4 + 1 of its group
+            const int quad = lane & ~3;
+            const uint32_t x0 = __shfl_sync(0xffffffffu, gseed, quad | h);
+            const uint32_t x1 = __shfl_sync(0xffffffffu, gseed, quad | 2 | h);
             u[i + h][0] = sr_pack2(acc[0], acc[1], (x0 * ja0 + jc0) >> 16, (x0 * ja1 + jc1) >> 16,
                                    static_cast<S*>(nullptr));
             u[i + h][1] = sr_pack2(acc[2], acc[3], (x1 * ja0 + jc0) >> 16, (x1 * ja1 + jc1) >> 16,
