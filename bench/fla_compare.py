@@ -33,6 +33,15 @@ rounding, the conv states exactly). Dense mode throughout: FLA's conv update has
 FLA's conv and norm kernels are autotuned on their first call per D (their keys hold no batch
 size), that is at the sweep's first B; Triton keeps the choice on disk (FLA_CACHE_RESULTS).
 
+--op flashinfer: FlashInfer's own decode kernels (flashinfer-python 0.7.2, its sm_90 CuTe-DSL
+kernels; imported only for this op) against gdn.flashinfer's functions of the same names, called
+with the same arguments on the same inputs: bf16 q/k/v/a/b, raw gates, q/k L2 norm in kernel,
+pool mode (a pool of 2B slots, B distinct random read slots, written in place), no cache, state
+updated. T = 1, and bf16 states at T > 1: gated_delta_rule_decode_pretranspose; fp32 states at
+T > 1: gated_delta_rule_mtp with disable_state_update=False. Each configuration first runs both
+once from copies of one pool and compares o and the written slots (fi_check). FlashInfer
+compiles a kernel per configuration on its first call (a few seconds each), outside the timing.
+
 Method (gdn bench's, docs/design.md section 5): per configuration `calls` calls are
 captured into one torch.cuda.CUDAGraph, call i on state buffer i % N (and conv state buffer
 i % N), with N chosen so the state bytes of the other calls are >= 4x L2: every call finds its
@@ -40,12 +49,13 @@ state cold. One warm-up replay, then the median over --reps replays of replay ti
 (CUDA events). The copy ceiling is a 1 GiB torch copy in the same run; floor_us = state bytes
 (read + write; with the conv state for --op fused) plus inputs and o, over it.
 
-    python3 bench/fla_compare.py [--op decode|fused|all] [--model qwen3-next qwen3.5]
+    python3 bench/fla_compare.py [--op decode|fused|flashinfer|all] [--model qwen3-next qwen3.5]
                                  [--T 1 2 4] [--B 1 4 16 64 256 512] [--state fp32 bf16]
                                  [--out-of-place] [--json PATH]
 
 Defaults per op: decode: Qwen3-Next, fp32 state, T 1 2 4, B 1..512; fused: both models, fp32 and
-bf16 state, T 1, B 1 4 16 64 256. Exits 1 when a check fails (after writing the JSON).
+bf16 state, T 1, B 1 4 16 64 256; flashinfer: Qwen3-Next, fp32 and bf16, T 1 4 8, B 1 16 64 512
+(all: decode and fused). Exits 1 when a check fails (after writing the JSON).
 """
 
 import argparse
@@ -74,6 +84,7 @@ except Exception as e:  # ImportError, or Triton failing to find a GPU driver
                      "python3 -m pip install --no-deps .deps/wheels/*.whl\n")
     sys.exit(2)
 import gdn
+import gdn.flashinfer  # noqa: F401  (--op flashinfer: the drop-ins of FlashInfer's functions)
 
 
 class Shape(NamedTuple):
@@ -259,6 +270,60 @@ def check_fused(sh, f, state, conv_state):
     return r
 
 
+FI_ENTRY = ("flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose(q, k, v, None, A_log, a, dt_bias, b, "
+            "scale, output, use_qk_l2norm=True, initial_state=pool, initial_state_indices=slots) at T = 1 and for "
+            "bf16 states; gated_delta_rule_mtp(q, k, v, pool, slots, A_log, a, dt_bias, b, scale, output, "
+            "disable_state_update=False, use_qk_l2norm=True) for fp32 states at T > 1; gdn: gdn.flashinfer's "
+            "function of the same name with the same arguments (gdn.decode, layout VK, in place); pool of 2B "
+            "slots, B distinct random read slots, no padding, no cache")
+
+
+def fi_function(state_name, T):
+    """FlashInfer's entry for a configuration (its mtp function takes fp32 states only)."""
+    return "gated_delta_rule_decode_pretranspose" if T == 1 or state_name == "bf16" else "gated_delta_rule_mtp"
+
+
+def fi_kwargs(name, x, pool, slots, o):
+    kw = dict(q=x["q"], k=x["k"], v=x["v"], A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"], b=x["b"],
+              scale=x["q"].shape[-1] ** -0.5, output=o, use_qk_l2norm=True, initial_state=pool,
+              initial_state_indices=slots)
+    if name == "gated_delta_rule_mtp":
+        return dict(kw, disable_state_update=False)
+    return dict(kw, state=None)
+
+
+def bench_flashinfer(fi, sh, state_name, T, B, args, l2, tbs, gen):
+    """FlashInfer's kernel against gdn.flashinfer's drop-in of the same function, same arguments."""
+    es = 2 if state_name == "bf16" else 4
+    touched = B * sh.HV * sh.V * sh.K * es * 2
+    nbytes = touched + B * T * (2 * sh.H * sh.K + 2 * sh.HV * sh.V) * 2 + B * T * sh.HV * 4
+    floor_us = nbytes / (tbs * 1e12) * 1e6
+    N, calls = rotation(touched, floor_us, args, l2)
+    x = make_inputs(sh, B, T, torch.bfloat16, gen)
+    P = 2 * B
+    slots = torch.randperm(P, device=DEV, generator=gen)[:B].to(torch.int32)
+    pools = [uniform((P, sh.HV, sh.V, sh.K), 0.1732, DTYPES[state_name], gen) for _ in range(N)]
+    name = fi_function(state_name, T)
+    fi_fn, gdn_fn = getattr(fi, name), getattr(gdn.flashinfer, name)
+    o = torch.empty_like(x["v"])
+    # Once each from copies of one pool (FlashInfer compiles its kernel here): o, the slots written.
+    p_fi, p_gdn = pools[0].clone(), pools[0].clone()
+    o_fi, o_gdn = torch.empty_like(o), torch.empty_like(o)
+    fi_fn(**fi_kwargs(name, x, p_fi, slots, o_fi))
+    gdn_fn(**fi_kwargs(name, x, p_gdn, slots, o_gdn))
+    idx = slots.long()
+    check = {"o": diff(o_gdn, o_fi), "state": diff(p_gdn[idx], p_fi[idx])}
+    # bf16 o and bf16 states round the same fp32 values: a 1-ulp flip here and there.
+    check["ok"] = check["o"]["rel_frob"] < 1e-2 and check["state"]["rel_frob"] < (1e-2 if es == 2 else 1e-4)
+    fi_us = time_graph(lambda i: fi_fn(**fi_kwargs(name, x, pools[i % N], slots, o)), calls, args.reps)
+    gdn_us = time_graph(lambda i: gdn_fn(**fi_kwargs(name, x, pools[i % N], slots, o)), calls, args.reps)
+    del pools
+    torch.cuda.empty_cache()
+    return {"state": state_name, "T": T, "B": B, "N": N, "calls": calls, "function": name,
+            "floor_us": round(floor_us, 3), "flashinfer_us": round(fi_us, 3), "gdn_us": round(gdn_us, 3),
+            "flashinfer_over_gdn": round(fi_us / gdn_us, 3), "fi_check": check}
+
+
 def copy_tbs():
     src = torch.ones(1 << 28, device="cuda")  # 1 GiB
     dst = torch.empty_like(src)
@@ -411,7 +476,8 @@ def commit():
 
 
 DEFAULTS = {"decode": {"model": ["qwen3-next"], "state": ["fp32"], "T": [1, 2, 4], "B": [1, 4, 16, 64, 256, 512]},
-            "fused": {"model": list(MODELS), "state": ["fp32", "bf16"], "T": [1], "B": [1, 4, 16, 64, 256]}}
+            "fused": {"model": list(MODELS), "state": ["fp32", "bf16"], "T": [1], "B": [1, 4, 16, 64, 256]},
+            "flashinfer": {"model": ["qwen3-next"], "state": ["fp32", "bf16"], "T": [1, 4, 8], "B": [1, 16, 64, 512]}}
 
 
 def print_decode_table(rows):
@@ -436,15 +502,23 @@ def print_fused_table(rows):
               f"{num(r['fused_over_decode'], 12)} " + check_word(r))
 
 
+def print_flashinfer_table(rows):
+    print(f"\n{'model':10} {'state':5} {'T':>2} {'B':>4} {'floor_us':>9} {'FI_us':>9} {'gdn_us':>9} {'FI/gdn':>7} check")
+    for r in rows:
+        print(f"{r['model']:10} {r['state']:5} {r['T']:2} {r['B']:4} {r['floor_us']:9.2f} {r['flashinfer_us']:9.2f} "
+              f"{r['gdn_us']:9.2f} {r['flashinfer_over_gdn']:7.2f} {'ok' if r['fi_check']['ok'] else 'MISMATCH'}")
+
+
 def check_word(r):
     return "not supported" if r["check"] is None else "ok" if r["check"]["ok"] else "MISMATCH"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--op", choices=["decode", "fused", "all"], default="decode",
+    p.add_argument("--op", choices=["decode", "fused", "flashinfer", "all"], default="decode",
                    help="decode: gdn.decode against FLA's recurrence; fused: decode, the conv -> decode -> norm "
-                        "chain and gdn.fused_decode; all: both")
+                        "chain and gdn.fused_decode; flashinfer: FlashInfer's decode kernels against gdn's drop-ins "
+                        "(needs flashinfer-python); all: decode and fused")
     p.add_argument("--model", nargs="+", choices=list(MODELS), help="default: qwen3-next for decode, both for fused")
     p.add_argument("--T", type=int, nargs="+", help="default: 1 2 4 for decode, 1 for fused")
     p.add_argument("--B", type=int, nargs="+", help="default: 1 4 16 64 256 512 for decode, 1 4 16 64 256 for fused")
@@ -494,6 +568,25 @@ def main():
                             print(f"decode {model} {s} T={T} B={B}: FLA {r['fla_us']:.2f} us, gdn {r['gdn_us']:.2f} us"
                                   + (f", gdn out of place {r['gdn_oop_us']:.2f} us" if args.out_of_place else ""),
                                   flush=True)
+        if "flashinfer" in ops:
+            import flashinfer
+            from flashinfer import gdn_decode as fi
+
+            stamp["flashinfer_version"] = flashinfer.__version__
+            print(f"flashinfer {flashinfer.__version__}: {FI_ENTRY}")
+            for model in sweep("flashinfer", "model"):
+                for s in sweep("flashinfer", "state"):
+                    for T in sweep("flashinfer", "T"):
+                        for B in sweep("flashinfer", "B"):
+                            r = {"op": "flashinfer", "model": model,
+                                 **bench_flashinfer(fi, MODELS[model], s, T, B, args, l2, tbs, gen), **stamp}
+                            rows.append(r)
+                            ok = ok and r["fi_check"]["ok"]
+                            c = r["fi_check"]
+                            print(f"flashinfer {model} {s} T={T} B={B} ({r['function']}): FlashInfer "
+                                  f"{r['flashinfer_us']:.2f} us, gdn {r['gdn_us']:.2f} us; check o rel frob "
+                                  f"{c['o']['rel_frob']:.2e}, state {c['state']['rel_frob']:.2e}"
+                                  + ("" if c["ok"] else "  MISMATCH"), flush=True)
         if "fused" in ops:
             print(f"fused: {CHAIN_ENTRY}")
             for model in sweep("fused", "model"):
@@ -516,10 +609,12 @@ def main():
         print_decode_table([r for r in rows if r["op"] == "decode"])
     if "fused" in ops:
         print_fused_table([r for r in rows if r["op"] == "fused"])
+    if "flashinfer" in ops:
+        print_flashinfer_table([r for r in rows if r["op"] == "flashinfer"])
     if args.json:
         doc = {**stamp, "torch": torch.__version__, "triton": triton.__version__, "fla_version": fla_version,
                "gdn_commit": stamp["commit"], "copy_TBs": round(tbs, 4), "ops": ops,
-               "fla_entry": FLA_ENTRY, "gating": GATING, "chain_entry": CHAIN_ENTRY,
+               "fla_entry": FLA_ENTRY, "gating": GATING, "chain_entry": CHAIN_ENTRY, "flashinfer_entry": FI_ENTRY,
                "shape": {"models": {m: MODELS[m]._asdict() for m in MODELS}, "qkv": "bf16", "mode": "dense",
                          "layout": "VK"},
                "cross_check": check, "rows": rows}

@@ -2,7 +2,8 @@
 Triton's interpreter (TRITON_INTERPRET=1), on a small shape. The decode cross-check (gdn.decode
 against FLA's recurrence) and the fused check (FLA's conv update -> gdn.decode -> FLA's gated
 RMSNorm against gdn.fused_decode on the same conv state, and on vLLM's layout), at T = 1 and at
-T = 3 (FLA's prefill conv standing in), must pass; the fused check must fail when one side's norm
+T = 3 (FLA's prefill conv standing in), must pass, and --op flashinfer's calls, made on gdn's
+FlashInfer drop-ins, must equal gdn.decode's; the fused check must fail when one side's norm
 weight is 5% off. Skipped where torch or FLA (fla-core, einops: scripts/setup.sh --wheels DIR,
 then pip install --no-deps DIR/*.whl) is missing.
 
@@ -52,6 +53,27 @@ for T in (1, 3):
     for state in ("fp32", "bf16"):
         out["fused"].append({"T": T, "state_dtype": state, **fused_case(T, state)})
 
+
+
+def fi_case(state, T):
+    # --op flashinfer's calls, made on gdn's drop-ins (FlashInfer's signatures): the same o and
+    # pool as gdn.decode over the same slots, so the arguments are complete and the state updated.
+    x = fc.make_inputs(sh, 3, T, torch.bfloat16, gen)
+    pool = fc.uniform((6, sh.HV, sh.V, sh.K), 0.1732, fc.DTYPES[state], gen)
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32)
+    name = fc.fi_function(state, T)
+    got, o_got = pool.clone(), torch.empty_like(x["v"])
+    getattr(gdn.flashinfer, name)(**fc.fi_kwargs(name, x, got, slots, o_got))
+    want, o_want = pool.clone(), torch.empty_like(x["v"])
+    gdn.decode(x["q"], x["k"], x["v"], want, o_want, a=x["a"], b=x["b"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+               layout="VK", scale=sh.K ** -0.5, use_qk_l2norm=True, read_slots=slots)
+    return {"state": state, "T": T, "function": name, "o_equal": torch.equal(o_got, o_want),
+            "pool_equal": torch.equal(got, want), "pool_changed": not torch.equal(got, pool)}
+
+
+import gdn.flashinfer
+out["flashinfer_calls"] = [fi_case(s, T) for s, T in (("fp32", 1), ("fp32", 4), ("bf16", 4))]
+
 run_fused = fc.run_fused
 fc.run_fused = lambda sh, f, s, c, o: run_fused(sh, dict(f, norm_weight=f["norm_weight"] * 1.05), s, c, o)
 out["wrong_norm_weight"] = fused_case(1, "fp32")
@@ -72,5 +94,9 @@ def test_checks_on_cpu():
         assert c["conv_state_equal"] and c["vllm_layout"]["conv_state_equal"], c
         # the rounding differences are there (the chain does round), well inside the tolerance
         assert 1e-4 < c["o"]["rel_frob"] < 1e-2, c
+    fi = out["flashinfer_calls"]
+    assert [c["function"] for c in fi] == ["gated_delta_rule_decode_pretranspose", "gated_delta_rule_mtp",
+                                           "gated_delta_rule_decode_pretranspose"], fi
+    assert all(c["o_equal"] and c["pool_equal"] and c["pool_changed"] for c in fi), fi
     wrong = out["wrong_norm_weight"]
     assert not wrong["ok"] and wrong["o"]["rel_frob"] > 2e-2 and wrong["conv_state_equal"], wrong
