@@ -294,11 +294,7 @@ def fi_kwargs(name, x, pool, slots, o):
 
 def bench_flashinfer(fi, sh, state_name, T, B, args, l2, tbs, gen):
     """FlashInfer's kernel against gdn.flashinfer's drop-in of the same function, same arguments."""
-    es = 2 if state_name == "bf16" else 4
-    touched = B * sh.HV * sh.V * sh.K * es * 2
-    nbytes = touched + B * T * (2 * sh.H * sh.K + 2 * sh.HV * sh.V) * 2 + B * T * sh.HV * 4
-    floor_us = nbytes / (tbs * 1e12) * 1e6
-    N, calls = rotation(touched, floor_us, args, l2)
+    floor_us, N, calls = decode_sizes(sh, state_name, T, B, args, l2, tbs)
     x = make_inputs(sh, B, T, torch.bfloat16, gen)
     P = 2 * B
     slots = torch.randperm(P, device=DEV, generator=gen)[:B].to(torch.int32)
@@ -314,7 +310,7 @@ def bench_flashinfer(fi, sh, state_name, T, B, args, l2, tbs, gen):
     idx = slots.long()
     check = {"o": diff(o_gdn, o_fi), "state": diff(p_gdn[idx], p_fi[idx])}
     # bf16 o and bf16 states round the same fp32 values: a 1-ulp flip here and there.
-    check["ok"] = check["o"]["rel_frob"] < 1e-2 and check["state"]["rel_frob"] < (1e-2 if es == 2 else 1e-4)
+    check["ok"] = check["o"]["rel_frob"] < 1e-2 and check["state"]["rel_frob"] < (1e-2 if state_name == "bf16" else 1e-4)
     fi_us = time_graph(lambda i: fi_fn(**fi_kwargs(name, x, pools[i % N], slots, o)), calls, args.reps)
     gdn_us = time_graph(lambda i: gdn_fn(**fi_kwargs(name, x, pools[i % N], slots, o)), calls, args.reps)
     del pools
@@ -371,12 +367,17 @@ def rotation(touched, floor_us, args, l2):
     return N, max(N, 3 if floor_us > 2000 else args.calls)
 
 
-def bench(sh, state_name, T, B, args, l2, tbs, gen):
-    es = 2 if state_name == "bf16" else 4
-    touched = B * sh.HV * sh.V * sh.K * es * 2
+def decode_sizes(sh, state_name, T, B, args, l2, tbs):
+    """(floor_us, N, calls) of a decode configuration: its bytes (B states read and written,
+    bf16 q/k/v/o, fp32 gates) over the copy ceiling, and the rotation that keeps states cold."""
+    touched = B * sh.HV * sh.V * sh.K * (2 if state_name == "bf16" else 4) * 2
     nbytes = touched + B * T * (2 * sh.H * sh.K + 2 * sh.HV * sh.V) * 2 + B * T * sh.HV * 4
     floor_us = nbytes / (tbs * 1e12) * 1e6
-    N, calls = rotation(touched, floor_us, args, l2)
+    return (floor_us, *rotation(touched, floor_us, args, l2))
+
+
+def bench(sh, state_name, T, B, args, l2, tbs, gen):
+    floor_us, N, calls = decode_sizes(sh, state_name, T, B, args, l2, tbs)
     x = make_inputs(sh, B, T, torch.bfloat16, gen)
     states = [uniform((B, sh.HV, sh.V, sh.K), 0.1732, DTYPES[state_name], gen) for _ in range(N)]
 
