@@ -16,6 +16,7 @@ from torch_testing import (  # noqa: E402
     F32,
     Draw,
     assert_close,
+    bindings,
     capture_graph,
     fraction_differing,
     needs_cuda,
@@ -180,19 +181,7 @@ def test_mixed_devices_rejected():
 
 # --- grad mode ---------------------------------------------------------------------------------
 
-def bindings():
-    """gdn._C, and gdn._C_torch where it was built for this torch (both must behave alike)."""
-    import gdn._torch as gt
-
-    found = [pytest.param(gdn._C.fused_decode, id="gdn._C")]
-    native = gt.native.fused_decode if gt.native is not None else None
-    found.append(pytest.param(native, id="gdn._C_torch", marks=pytest.mark.skipif(
-        native is None, reason="gdn._C_torch was not built for this torch (build gdn with --no-build-isolation "
-                               "where torch is installed)")))
-    return found
-
-
-@pytest.fixture(params=bindings())
+@pytest.fixture(params=bindings("fused_decode"))
 def binding(request, monkeypatch):
     monkeypatch.setattr(gdn, "_run_fused", request.param)
     return request.param

@@ -17,6 +17,7 @@ from torch_testing import (  # noqa: E402
     F32,
     Draw,
     assert_close,
+    bindings,
     capture_graph,
     fraction_differing,
     needs_cuda,
@@ -167,19 +168,7 @@ def test_errors_name_the_argument():
         gdn.decode(**{**args, "q": args["q"].double(), "k": args["k"].double(), "v": args["v"].double()})
 
 
-def bindings():
-    """gdn._C, and gdn._C_torch where it was built for this torch (both must behave alike)."""
-    import gdn._torch as gt
-
-    found = [pytest.param(gdn._C.decode, id="gdn._C")]
-    native = gt.native.decode if gt.native is not None else None
-    found.append(pytest.param(native, id="gdn._C_torch", marks=pytest.mark.skipif(
-        native is None, reason="gdn._C_torch was not built for this torch (build gdn with --no-build-isolation "
-                               "where torch is installed)")))
-    return found
-
-
-@pytest.fixture(params=bindings())
+@pytest.fixture(params=bindings("decode"))
 def binding(request, monkeypatch):
     monkeypatch.setattr(gdn, "_run", request.param)
     return request.param

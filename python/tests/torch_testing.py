@@ -96,3 +96,16 @@ def capture_graph(step):
     with torch.cuda.graph(graph):
         step()
     return graph
+
+
+def bindings(op):
+    """The two bindings of gdn's operation `op` ("decode" or "fused_decode") as pytest params:
+    gdn._C's, and gdn._C_torch's where it was built for this torch (both must behave alike)."""
+    import gdn._torch as gt
+
+    found = [pytest.param(getattr(gdn._C, op), id="gdn._C")]
+    native = getattr(gt.native, op) if gt.native is not None else None
+    found.append(pytest.param(native, id="gdn._C_torch", marks=pytest.mark.skipif(
+        native is None, reason="gdn._C_torch was not built for this torch (build gdn with --no-build-isolation "
+                               "where torch is installed)")))
+    return found
