@@ -445,7 +445,6 @@ struct Geometry {
   bool prefetch = true; // tile kernels: L2-prefetch the state before pdl_wait (GDN_CUDA_PREFETCH)
   bool conv_vec = false; // fused step: the conv's 16-byte path (fused.cuh, fused_conv_vec_ok)
   bool norm_vec = false; // fused step: the norm's inputs by 16-byte cp.async (fused_norm_vec_ok)
-  int exp = 0;  // EXPERIMENT
 };
 
 struct StageSmem {

@@ -202,8 +202,9 @@ size_t fused_extra_bytes(const FusedProblem* f, int nc, int tiles) {
 // The conv's 16-byte path (fused.cuh): mixed_qkv, the conv state (and conv_inter) and the taps
 // (and bias) of one 16-bit dtype; mixed_qkv, the conv state, conv_inter and the bias contiguous
 // along the channels and the taps row-major [D, W]; every other stride a multiple of 8 elements
-// and every base 16-byte aligned.
-bool fused_conv_vec_ok(const FusedProblem& f) {
+// and every base 16-byte aligned; q/k slices of a multiple of 8 channels.
+bool fused_conv_vec_ok(const FusedProblem& f, int tiles) {
+  const Problem& p = f.step;
   const DType dt = f.x.dtype;
   if (dt == DType::kF32 || f.conv_state.dtype != dt || f.conv_weight.dtype != dt) return false;
   if (f.conv_bias.data != nullptr && (f.conv_bias.dtype != dt || f.conv_bias.s[0] != 1)) return false;
@@ -218,7 +219,8 @@ bool fused_conv_vec_ok(const FusedProblem& f) {
       (!aligned(f.conv_inter.data) || f.conv_inter.s[2] != 1 || !mult8(f.conv_inter.s[0]) ||
        !mult8(f.conv_inter.s[1]) || !mult8(f.conv_inter.s[3])))
     return false;
-  return true;
+  const int64_t C = p.HV / p.H * tiles;
+  return (2 * p.K) % C == 0 && mult8(2 * p.K / C);
 }
 
 // The norm's 16-byte path (fused.cuh, fused_norm_issue): norm_weight and z contiguous along V,
@@ -401,12 +403,6 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   lp.direct = f == nullptr && !chunked && rr <= 2 && p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 &&
               p.v.dtype == DType::kBF16 && vk_direct_pays(p, lp.blocks);
   lp.cluster = f != nullptr ? group * lp.geo.tiles : 1;
-  {  // EXPERIMENT (not for commit): decode launched in clusters
-    static const int xc = env_int("GDN_CUDA_EXP_CLUSTER", 0);
-    if (f == nullptr && xc > 1 && lp.blocks % xc == 0 && !chunked) lp.cluster = xc;
-    static const int xn = env_int("GDN_CUDA_EXP_NOCLUSTER", 0);
-    if (f != nullptr && xn == 1 && lp.geo.tiles == 1) lp.cluster = 1;
-  }
   lp.geo.norm_vec = f != nullptr && fused_norm_vec_ok(*f, rt);
   return true;
 }
@@ -574,8 +570,7 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
   lp.geo.qkv_vec = false;  // the conv loads the new inputs itself (stage_issue never runs)
-  lp.geo.conv_vec = fused_conv_vec_ok(f);
-  lp.geo.exp = env_int("GDN_EXP", 0);
+  lp.geo.conv_vec = fused_conv_vec_ok(f, lp.geo.tiles);
   lp.pdl = pdl_enabled();
   lp.geo.prefetch = prefetch_enabled() && one_wave(lp.blocks);
   return {};

@@ -3,26 +3,26 @@
 // and apply the gated RMSNorm to the output.
 //
 // A block of a tile kernel owns one (row n, value head hv, tile): it needs the whole q and k
-// vectors of hv's q/k head h and v's channels of its tile. Every block computes the conv of all
-// 2K q/k channels of its row and head itself (2K taps and windows, a few KB read from L2), and
-// of its own v channels: no block waits for another before its token loop. The blocks of one
-// (n, h) — the HV/H value heads of the GVA group times the tiles of each head — form a
-// thread-block cluster of C blocks (the host sizes the tiles so it fits), for two reasons only:
-// - the conv state of a q/k channel is read by every block of the cluster and written by one
-//   (block rank r writes slice r of the 2K channels), so with an in-place update (write slot =
-//   read slot) the writer must wait until every block has read it: each block arrives at the
-//   cluster barrier once its inputs are in shared memory (fused_inputs_read) and waits on it
-//   just before its conv-state stores, at the end, when the others have long arrived;
+// vectors of hv's q/k head h and v's channels of its tile. The blocks of one (n, h) — the
+// HV/H value heads of the GVA group times the tiles of each head — form a thread-block
+// cluster of C blocks (the host sizes the tiles so it fits), and share the work:
+// - the 2K conv channels of q and k are cut into C slices; block rank r computes slice r
+//   (loads its conv columns, inputs and taps, the conv, SiLU) and stores the outputs into every
+//   block of the cluster (distributed shared memory); each block computes its own v
+//   channels. So each q/k channel is computed once per row, not once per block, and each conv
+//   channel's state is read and written by the one block that owns it: an in-place update
+//   (write slot = read slot) never races a read;
 // - the RMSNorm's mean over V spans the tiles of one value head: each block stores its sums of
-//   squares per token into every tile of its head (distributed shared memory, after that
-//   wait), arrives (release) and waits (acquire) before it reads them; every tile adds the same
-//   numbers in the same order, so all get the same factor bit for bit.
-// The VK kernel keeps the final state in its shared tile and writes it to the pool after every
-// other global store of the block (fused_store_tile): a store issued behind a burst of state
-// stores waits for the burst to drain (and a release, which compiles to a GPU-scope memory
-// barrier, waits for it too).
-// A padding or invalid row leaves every block of its cluster at the same early return, before
-// any barrier (an exited block counts as arrived).
+//   squares per token into every tile of its head, and every tile adds the same numbers in the
+//   same order, so all get the same factor bit for bit.
+// Each exchange ends at a cluster barrier (arrive.release, wait.acquire). After each barrier a
+// block only touches its own shared memory, so none needs to wait for the others before it
+// exits; the norm's barrier is skipped where a head is one tile (no sums cross blocks: every
+// bf16 grid of more than one wave), since its release compiles to a GPU-scope memory barrier
+// that waits for the block's state stores. (Transaction barriers fed by st.async, tried in
+// c944157, removed that wait everywhere but left racecheck and synccheck reports that could
+// not be explained; docs/design.md.) A padding or invalid row leaves every block of its
+// cluster at the same early return, before any exchange.
 #pragma once
 
 #include "common.cuh"
@@ -62,17 +62,12 @@ __device__ __forceinline__ unsigned cluster_rank() {
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-// The cluster barrier in two halves. Every thread of every block executes each (.aligned:
-// warp-uniform), alternating arrive and wait. arrive.release: the block's earlier memory
-// operations are ordered before the accesses of any block after its matching wait.acquire.
-__device__ __forceinline__ void cluster_arrive_release() {
+// arrive.release + wait.acquire: every store of a block of the cluster before its arrival is
+// visible to every block after its wait. Every thread of the block executes both (.aligned:
+// warp-uniform).
+__device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
 // The address of this block's `local` shared memory in the block of cluster rank `rank`.
@@ -82,6 +77,19 @@ __device__ __forceinline__ unsigned remote_smem(const void* local, unsigned rank
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(rank));
 #endif
   return remote;
+}
+// Distributed shared memory may be written only once every block of the cluster runs: each
+// block arrives when it starts (fused_started) and waits before its first remote store
+// (fused_wait_started), a wait that is over by the time it gets there.
+__device__ __forceinline__ void fused_started() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fused_wait_started() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
 }
 // Stores v at `local` (an address of this block's shared memory) in the block of cluster rank
 // `rank` instead.
@@ -94,9 +102,16 @@ __device__ __forceinline__ void st_cluster_f32(float* local, unsigned rank, floa
 #endif
 }
 
-// x * sigmoid(x) by the fast exponential and division (a few ulp of fp32, far inside the
-// tolerances; x < -88 gives -0, the limit): the conv's and the norm's SiLU.
-__device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.f + __expf(-x)); }
+__device__ __forceinline__ void st_cluster_f32x4(float* local, unsigned rank, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote_smem(local, rank)), "f"(v.x),
+               "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+#else
+  (void)rank;
+  *reinterpret_cast<float4*>(local) = v;
+#endif
+}
 
 // ---------------------------------------------------------------------------------------
 // The block's share of the conv (host: fused_geometry) and its shared memory after the
@@ -106,11 +121,11 @@ __device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.f + __ex
 // conv state after token 0 (each later token needs fewer).
 __host__ __device__ constexpr int conv_first_col(int L, int W) { return L - (W - 1) < 1 ? L - (W - 1) : 1; }
 
-// Block channels: the 2K q/k channels of head h, then its nc v channels.
+// Block channels: S of the cluster's slice of the 2K q/k channels, then its nc v channels.
 struct FusedShare {
   int C = 1;      // blocks in the cluster
-  int S = 0;      // q/k channels whose conv state each rank writes: ceil(2K / C), whole groups of 8
-  int own = 0;    // 2K + nc
+  int S = 0;      // q/k channels per slice: ceil(2K / C)
+  int own = 0;    // S + nc
   int first = 0;  // conv_first_col
   int wl = 0;     // window entries kept per channel: L - first + T
 };
@@ -118,8 +133,8 @@ struct FusedShare {
 __host__ __device__ inline FusedShare fused_share(int K, int group, int tiles, int nc, int L, int W, int T) {
   FusedShare s;
   s.C = group * tiles;
-  s.S = ((2 * K + s.C - 1) / s.C + 7) / 8 * 8;
-  s.own = 2 * K + nc;
+  s.S = (2 * K + s.C - 1) / s.C;
+  s.own = s.S + nc;
   s.first = conv_first_col(L, W);
   s.wl = L - s.first + T;
   return s;
@@ -163,25 +178,56 @@ __device__ __forceinline__ FusedSmem carve_fused(const FusedShare& s, float* bas
   return m;
 }
 
-// The conv channel of block channel c (c < 2K: q/k channel c of head h; else v channel
-// c0 + c - 2K of head hv, < V); -1 past the end of v.
-__device__ __forceinline__ int64_t fused_channel(const Problem& p, int c, int64_t h, int64_t hv, int64_t c0) {
+// The conv channel of block channel c (c < S: q/k channel rank * S + c of head h, < 2K; else
+// v channel c0 + c - S of head hv, < V); -1 past either end.
+__device__ __forceinline__ int64_t fused_channel(const Problem& p, const FusedShare& s, unsigned rank, int c,
+                                                 int64_t h, int64_t hv, int64_t c0) {
   const int64_t K = p.K;
-  if (c < 2 * K) return c < K ? h * K + c : (p.H + h) * K + (c - K);
-  const int64_t j = c0 + (c - 2 * K);
+  if (c < s.S) {
+    const int64_t qc = static_cast<int64_t>(rank) * s.S + c;
+    return qc >= 2 * K ? -1 : qc < K ? h * K + qc : (p.H + h) * K + (qc - K);
+  }
+  const int64_t j = c0 + (c - s.S);
   return j >= p.V ? -1 : 2 * p.H * K + hv * p.V + j;
 }
 
-// Whether this block writes the conv state of block channel c: its own v channels, and the q/k
-// channels of its rank's slice.
-__device__ __forceinline__ bool fused_writes(const FusedShare& s, int K, int c, unsigned rank) {
-  return c >= 2 * K || static_cast<unsigned>(c / s.S) == rank;
+// The q/k channels of cluster rank r's slice: S, the last slice may be short (or empty).
+__device__ __forceinline__ int fused_slice_count(const FusedShare& s, int K, int r) {
+  const int first = r * s.S;
+  return first >= 2 * K ? 0 : first + s.S <= 2 * K ? s.S : 2 * K - first;
 }
 
-// Where the conv output of block channel c at token t goes in the raw staging area (fp32,
-// stage_issue's layout: q [T][K], k [T][K], v [T][nc]).
-__device__ __forceinline__ float* fused_out(float* raw, int K, int c, int t, int nc, int T) {
-  return c < K ? raw + t * K + c : c < 2 * K ? raw + T * K + t * K + (c - K) : raw + 2 * T * K + t * nc + (c - 2 * K);
+// The block's q/k slice of conv outputs (written locally into the raw staging area) into every
+// other block of the cluster, all threads sharing the stores, 16 bytes at a time where the slice
+// allows it. The caller syncs the block before (the outputs are complete) and the cluster after.
+template <int NT>
+__device__ __forceinline__ void fused_push_slice(const Problem& p, const FusedShare& s, const StageSmem& sm,
+                                                 int T) {
+  if (s.C == 1) return;
+  const int K = static_cast<int>(p.K);
+  const unsigned rank = cluster_rank();
+  const int first = static_cast<int>(rank) * s.S;
+  const int count = fused_slice_count(s, K, static_cast<int>(rank));
+  if (count <= 0) return;
+  float* const raw = reinterpret_cast<float*>(sm.raw);
+  // A slice never straddles the q/k boundary when S divides K (C a power of two); otherwise
+  // the scalar loop below takes it element by element.
+  const bool vec = count % 4 == 0 && (first < K) == (first + count - 1 < K);
+  const int per = vec ? count / 4 : count;  // stores per token and rank
+  const int items = T * per * (s.C - 1);
+  for (int i = threadIdx.x; i < items; i += NT) {
+    const int e = i % per, rest = i / per, t = rest % T, r = rest / T;
+    const unsigned to = static_cast<unsigned>(r) < rank ? static_cast<unsigned>(r) : static_cast<unsigned>(r) + 1;
+    if (vec) {
+      const int qc = first + 4 * e;
+      float* const at = raw + (qc < K ? qc : T * K + qc - K) + t * K;
+      st_cluster_f32x4(at, to, *reinterpret_cast<const float4*>(at));
+    } else {
+      const int qc = first + e;
+      float* const at = raw + (qc < K ? qc : T * K + qc - K) + t * K;
+      st_cluster_f32(at, to, *at);
+    }
+  }
 }
 
 // The norm's inputs by 16 bytes (host: fused_norm_vec_ok): z's rows [T][nc] and norm_weight's
@@ -226,7 +272,7 @@ __device__ __forceinline__ void fused_norm_gate(const FusedProblem& f, const Fus
     float g = 1.f;
     if (f.z.data != nullptr) {
       const float z = bits_to_f32(zb, f.z.dtype);
-      g = silu(z);
+      g = z / (1.f + expf(-z));
     }
     fs.zw[e] = bits_to_f32(wb, f.norm_weight.dtype) * g;
   }
@@ -235,8 +281,9 @@ __device__ __forceinline__ void fused_norm_gate(const FusedProblem& f, const Fus
 // ---------------------------------------------------------------------------------------
 // The prologue: every block channel's window (the read slot's columns first..L-1 and the T
 // new inputs) into shared memory, the conv and SiLU, the outputs into the raw staging area
-// (fused_out). With the norm, zw = norm_weight * silu(z) of the block's outputs. All loads of
-// a thread are issued before the first is used. The caller then syncs the block.
+// (fp32, stage_issue's layout: q [T][K], k [T][K], v [T][nc]) — a q/k slice's into every block
+// of the cluster. With the norm, zw = norm_weight * silu(z) of the block's outputs. All loads of
+// a thread are issued before the first is used. The caller then syncs the cluster.
 // ---------------------------------------------------------------------------------------
 template <int NT, bool kNorm>
 __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
@@ -245,10 +292,12 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
   const Problem& p = f.step;
   const int K = static_cast<int>(p.K), L = static_cast<int>(f.L), W = static_cast<int>(f.W);
   const int64_t h = hv / (p.HV / p.H);
+  const unsigned rank = cluster_rank();
   float* const raw = reinterpret_cast<float*>(sm.raw);
   const int lc = L - s.first;
+  fused_wait_started();  // the push below writes into the other blocks
   for (int c = threadIdx.x; c < s.own; c += NT) {
-    const int64_t d = fused_channel(p, c, h, hv, c0);
+    const int64_t d = fused_channel(p, s, rank, c, h, hv, c0);
     if (d < 0) continue;
     uint32_t wb[kMaxConvW], cb[kMaxConvL], xb[kMaxChunk], bb = 0;
 #pragma unroll
@@ -278,21 +327,28 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
     const float bias = f.conv_bias.data != nullptr ? bits_to_f32(bb, f.conv_bias.dtype) : 0.f;
     // Window entry L + t - (W - 1) + k lives at row L + t - (W - 1) + k - first of win.
     const int row0 = L - (W - 1) - s.first;
+    const bool qk = c < s.S;
+    const int qc = static_cast<int>(rank) * s.S + c;  // q/k channel, when qk
+    float* const dst = qk ? raw + (qc < K ? 0 : T * K) + (qc < K ? qc : qc - K)
+                          : raw + 2 * T * K + (c - s.S);
+    const int stride = qk ? K : nc;
     for (int t = 0; t < T; ++t) {
       float acc = bias;
 #pragma unroll
       for (int k = 0; k < kMaxConvW; ++k)
         if (k < W) acc = fmaf(w[k], win[(row0 + t + k) * s.own], acc);
-      *fused_out(raw, K, c, t, nc, T) = silu(acc);
+      dst[t * stride] = acc / (1.f + expf(-acc));
     }
   }
+  __syncthreads();  // the slice's outputs are complete
+  fused_push_slice<NT>(p, s, sm, T);
 }
 
 // ---------------------------------------------------------------------------------------
 // The 16-byte path, for the engines' layout (host: fused_conv_vec_ok): mixed_qkv, the conv
 // state and the taps of one 16-bit dtype, mixed_qkv and the conv state contiguous along the
 // channels (vLLM's [P, L, D] pool), taps row-major [D, W], every 16-byte piece aligned. A thread
-// loads 8 consecutive block channels (2K and the v channels are multiples of 8): their
+// loads 8 consecutive block channels (a slice and the v channels are multiples of 8): their
 // window rows, taps and bias land in shared memory by cp.async, all in flight at once with no
 // register held; the conv runs on channel pairs; the conv state is later written as 16-byte
 // copies of window rows. Layout of fs.win
@@ -308,12 +364,13 @@ __device__ __forceinline__ void fused_conv_vec_issue_inputs(const FusedProblem& 
   const Problem& p = f.step;
   const int W = static_cast<int>(f.W), lc = static_cast<int>(f.L) - s.first, G = s.own / 8;
   const int64_t h = hv / (p.HV / p.H);
+  const unsigned rank = cluster_rank();
   uint4* const win = reinterpret_cast<uint4*>(fs.win);
   uint4* const taps = win + s.wl * G;
   uint4* const bias = taps + G * W;
   for (int g = threadIdx.x; g < G; g += NT) {
-    const int64_t d = fused_channel(p, g * 8, h, hv, c0);
-    if (d < 0) continue;  // a whole group: tiles and heads are multiples of 8 channels
+    const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
+    if (d < 0) continue;  // a whole group: slices, tiles and heads are multiples of 8 channels
     const char* const xs = static_cast<const char*>(f.x.data) + (n * f.x.s[0] + d) * 2;
     for (int t = 0; t < T; ++t) cp_async16(win + (lc + t) * G + g, xs + t * f.x.s[1] * 2);
     const char* const ws = static_cast<const char*>(f.conv_weight.data) + d * W * 2;
@@ -329,9 +386,10 @@ __device__ __forceinline__ void fused_conv_vec_issue_state(const FusedProblem& f
   const Problem& p = f.step;
   const int lc = static_cast<int>(f.L) - s.first, G = s.own / 8;
   const int64_t h = hv / (p.HV / p.H);
+  const unsigned rank = cluster_rank();
   uint4* const win = reinterpret_cast<uint4*>(fs.win);
   for (int g = threadIdx.x; g < G; g += NT) {
-    const int64_t d = fused_channel(p, g * 8, h, hv, c0);
+    const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
     if (d < 0) continue;
     const char* const cs = static_cast<const char*>(f.conv_state.data) + (slot * f.conv_state.s[0] + d) * 2;
     for (int j = 0; j < lc; ++j) cp_async16(win + j * G + g, cs + (s.first + j) * f.conv_state.s[2] * 2);
@@ -356,7 +414,8 @@ __device__ __forceinline__ void unpack2(uint32_t w, DType dt, float* out) {
 // while the block waited for it.)
 template <int kW>
 __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
-                                                    const FusedSmem& fs, int g, int sub, int t, int nc, int T) {
+                                                    const FusedSmem& fs, int g, int sub, int t, int nc, int T,
+                                                    unsigned rank) {
   const int K = static_cast<int>(f.step.K), G = s.own / 8;
   const DType dt = f.x.dtype;
   const uint32_t* const win = reinterpret_cast<const uint32_t*>(fs.win);  // word (row * G + g) * 4 + sub
@@ -376,39 +435,45 @@ __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const
 #pragma unroll
     for (int i = 0; i < 2; ++i) acc[i] = fmaf(tw[i * kW + k], x[i], acc[i]);
   }
-  float* const dst = fused_out(reinterpret_cast<float*>(sm.raw), K, g * 8 + 2 * sub, t, nc, T);
-  *reinterpret_cast<float2*>(dst) = make_float2(silu(acc[0]), silu(acc[1]));
+  const int c = g * 8 + 2 * sub;
+  const int qc = static_cast<int>(rank) * s.S + c;
+  float* const raw = reinterpret_cast<float*>(sm.raw);
+  float* const dst = c < s.S ? raw + (qc < K ? qc : T * K + qc - K) + t * K : raw + 2 * T * K + t * nc + (c - s.S);
+  *reinterpret_cast<float2*>(dst) = make_float2(acc[0] / (1.f + expf(-acc[0])), acc[1] / (1.f + expf(-acc[1])));
 }
 
 // One item per (channel pair, token), over all threads. The caller has waited for its own
 // cp.async group; the barrier here makes every thread's landed inputs visible to all.
 template <int NT, bool kNorm>
 __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
-                                               const FusedSmem& fs, int64_t hv, int64_t c0, int nc, int T) {
+                                               const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc, int T) {
   const Problem& p = f.step;
   const int64_t h = hv / (p.HV / p.H);
+  const unsigned rank = cluster_rank();
   const int G = s.own / 8;
   __syncthreads();
+  fused_wait_started();  // the push below writes into the other blocks
   for (int item = threadIdx.x; item < G * 4 * T; item += NT) {
     const int sub = item % 4, g = item / 4 % G, t = item / (4 * G);
-    if (fused_channel(p, g * 8, h, hv, c0) < 0) continue;
+    if (fused_channel(p, s, rank, g * 8, h, hv, c0) < 0) continue;
     switch (f.W) {
       case 2:
-        fused_conv_vec_item<2>(f, s, sm, fs, g, sub, t, nc, T);
+        fused_conv_vec_item<2>(f, s, sm, fs, g, sub, t, nc, T, rank);
         break;
       case 3:
-        fused_conv_vec_item<3>(f, s, sm, fs, g, sub, t, nc, T);
+        fused_conv_vec_item<3>(f, s, sm, fs, g, sub, t, nc, T, rank);
         break;
       default:
-        fused_conv_vec_item<4>(f, s, sm, fs, g, sub, t, nc, T);
+        fused_conv_vec_item<4>(f, s, sm, fs, g, sub, t, nc, T, rank);
         break;
     }
   }
+  __syncthreads();  // the slice's outputs are complete
+  fused_push_slice<NT>(p, s, sm, T);
 }
 
-// The conv state after each stored token (and conv_inter) for the thread's groups that this
-// block writes (fused_writes): 16-byte copies of window rows (the conv state and mixed_qkv
-// share the dtype).
+// The conv state after each stored token (and conv_inter) for the thread's groups: 16-byte
+// copies of window rows (the conv state and mixed_qkv share the dtype).
 template <int NT>
 __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, const FusedShare& s, const FusedSmem& fs,
                                                      int64_t n, int64_t hv, int64_t c0, int T) {
@@ -419,8 +484,8 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
   const uint4* const win = reinterpret_cast<const uint4*>(fs.win);
   const bool inter = f.conv_inter.data != nullptr;
   for (int g = threadIdx.x; g < G; g += NT) {
-    const int64_t d = fused_channel(p, g * 8, h, hv, c0);
-    if (d < 0 || !fused_writes(s, static_cast<int>(p.K), g * 8, rank)) continue;
+    const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
+    if (d < 0) continue;
     for (int t = 0; t < T; ++t) {
       const int64_t ws = fs.ws[t];
       if (ws < 0 && !inter) continue;
@@ -436,17 +501,17 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
 }
 
 // ---------------------------------------------------------------------------------------
-// The fused step's part of the tile kernels' prologue, in their order: fused_issue_inputs
-// before the row's slot is known and fused_issue_state after it (one cp.async group each,
-// committed by the caller, empty where nothing goes that way); fused_prologue once the gates
-// are staged: q, k and v in the raw staging area, fp32, as stage_issue's layout, for
-// stage_convert_t; fused_inputs_read once every input of the block has landed.
+// The fused step's part of the tile kernels' prologue, in their order: fused_started before
+// pdl_wait; fused_issue_inputs before the row's slot is known and fused_issue_state after it
+// (one cp.async group each, committed by the caller, empty where nothing goes that way);
+// fused_prologue once the gates are staged: q, k and v in the raw staging area, fp32, as
+// stage_issue's layout, for stage_convert_t.
 // ---------------------------------------------------------------------------------------
 template <int NT, bool kNorm>
 __device__ __forceinline__ void fused_issue_inputs(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
                                                    const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc,
                                                    int T) {
-  if (geo.conv_vec && !(geo.exp & 8)) fused_conv_vec_issue_inputs<NT>(f, s, fs, n, hv, c0, T);
+  if (geo.conv_vec) fused_conv_vec_issue_inputs<NT>(f, s, fs, n, hv, c0, T);
   if constexpr (kNorm)
     if (geo.norm_vec) fused_norm_issue<NT>(f, fs, n, hv, c0, nc, T);
 }
@@ -454,7 +519,7 @@ __device__ __forceinline__ void fused_issue_inputs(const FusedProblem& f, const 
 template <int NT>
 __device__ __forceinline__ void fused_issue_state(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
                                                   const FusedSmem& fs, int64_t hv, int64_t c0, int64_t slot) {
-  if (geo.conv_vec && !(geo.exp & 8)) fused_conv_vec_issue_state<NT>(f, s, fs, hv, c0, slot);
+  if (geo.conv_vec) fused_conv_vec_issue_state<NT>(f, s, fs, hv, c0, slot);
 }
 
 // The caller has committed the groups above and then the state tile's.
@@ -465,62 +530,39 @@ __device__ __forceinline__ void fused_prologue(const FusedProblem& f, const Geom
   // The norm's gate by scalar loads (other layouts) while the conv inputs land.
   if constexpr (kNorm)
     if (!geo.norm_vec) fused_norm_gate<NT>(f, fs, n, hv, c0, nc, T);
-  if (geo.exp & 2) {
-  } else if (geo.conv_vec) {
+  if (geo.conv_vec) {
     cp_async_wait_group<1>();  // this thread's conv inputs landed (the state may still be in flight)
-    fused_conv_vec<NT, kNorm>(f, s, sm, fs, hv, c0, nc, T);
+    fused_conv_vec<NT, kNorm>(f, s, sm, fs, n, hv, c0, nc, T);
   } else {
     fused_conv<NT, kNorm>(f, s, sm, fs, n, hv, c0, nc, T, slot);
   }
-  __syncthreads();  // the conv outputs are complete
-}
-
-// The block has read every conv-state column it will read (each thread's loads landed): the
-// arrival that lets the cluster's conv-state writers go on (fused_finish_begin waits for it).
-// Called by every thread after the prologue's last wait, when no store of the block is
-// outstanding, so the release costs no wait for the memory system.
-__device__ __forceinline__ void fused_inputs_read(const FusedShare& s, const Geometry& geo) {
-  if (s.C > 1) {
-    if (geo.exp & 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-    } else {
-      cluster_arrive_release();
-    }
-  }
+  cluster_sync();  // every slice's q/k outputs are in every block of the cluster
 }
 
 // ---------------------------------------------------------------------------------------
-// The epilogue, in the order the kernels call it: fused_finish_begin: the conv write slots; the wait for every
-// block of the cluster to have read its inputs (fused_inputs_read), after which this block may
-// overwrite its conv-state slice and store into the others' shared memory; with the norm, this
-// tile's sums of squares per token into every tile of its head and the arrival (release) that
-// publishes them. fused_finish_end: the conv state after each stored token (and conv_inter)
-// for the channels this block writes, from the windows — column j after token t is window
-// entry t + 1 + j; with the norm, the wait (acquire) for the other tiles' sums and
-// o = o * rsqrt(mean_V(o^2) + eps) * norm_weight * silu(z) written. `tile`: this block's tile
-// of its value head (the cluster holds HV/H heads x geo.tiles blocks, head-major). Then the VK
-// kernel's fused_store_tile.
+// The epilogue: the conv state after each stored token (and conv_inter) for the block's own
+// channels, from the windows — column j after token t is window entry t + 1 + j; then with
+// the norm, the tiles' sums of squares exchanged and o = o * rsqrt(mean_V(o^2) + eps) *
+// norm_weight * silu(z) written. `tile`: this block's tile of its value head (the cluster holds
+// HV/H heads x geo.tiles blocks, head-major).
 // ---------------------------------------------------------------------------------------
 template <int NT, bool kNorm>
-__device__ __forceinline__ void fused_finish_begin(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
-                                                   const FusedSmem& fs, const WarpSlots& slots, int64_t n, int tile,
-                                                   int nc, int T) {
+__device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
+                                             const FusedSmem& fs, const WarpSlots& slots, int64_t n, int64_t hv,
+                                             int tile, int64_t c0, int nc, int T) {
   const Problem& p = f.step;
-  const int tiles = geo.tiles;
+  const int L = static_cast<int>(f.L), tiles = geo.tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const unsigned rank = cluster_rank();
   __syncthreads();  // the token loop's outputs (fs.o) are complete
   if (warp == 0)
     for (int t = 0; t < T; ++t) {
       const int64_t ws = warp_token_write_slot(p, slots, n, t);
       if (lane == 0) fs.ws[t] = ws;
     }
-  if (s.C > 1) cluster_wait_acquire();  // every block of the cluster has read its conv inputs
   if constexpr (kNorm) {
     // This tile's sums of squares, one warp per token in a fixed order, stored into every tile
     // of the head (the cluster is head-major: the head's tile 0 has rank rank - tile).
-    const unsigned rank = cluster_rank();
     for (int t = warp; t < T; t += NT / 32) {
       float ss = 0.f;
       for (int c = lane; c < nc; c += 32) {
@@ -534,35 +576,17 @@ __device__ __forceinline__ void fused_finish_begin(const FusedProblem& f, const 
       else if (lane < tiles)
         st_cluster_f32(&fs.part[tile * 16 + t], rank - tile + lane, ss);
     }
-    if (tiles > 1) {
-      if (geo.exp & 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-      } else {
-        cluster_arrive_release();  // uniform over the cluster
-      }
-    }
   }
   __syncthreads();  // fs.ws, this tile's own sums
-}
 
-template <int NT, bool kNorm>
-__device__ __forceinline__ void fused_finish_end(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
-                                                 const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc,
-                                                 int T) {
-  const Problem& p = f.step;
-  const int L = static_cast<int>(f.L), tiles = geo.tiles;
-  if (geo.exp & 4) {
-  } else if (geo.conv_vec) {
+  if (geo.conv_vec) {
     fused_conv_vec_store<NT>(f, s, fs, n, hv, c0, T);
   } else {
     const int64_t h = hv / (p.HV / p.H);
-    const unsigned rank = cluster_rank();
     const bool inter = f.conv_inter.data != nullptr;
     for (int c = threadIdx.x; c < s.own; c += NT) {
-      const int64_t d = fused_channel(p, c, h, hv, c0);
-      if (d < 0 || !fused_writes(s, static_cast<int>(p.K), c, rank)) continue;
+      const int64_t d = fused_channel(p, s, rank, c, h, hv, c0);
+      if (d < 0) continue;
       const float* const win = fs.win + c;
       for (int t = 0; t < T; ++t) {
         const int64_t ws = fs.ws[t];
@@ -582,7 +606,7 @@ __device__ __forceinline__ void fused_finish_end(const FusedProblem& f, const Ge
   }
 
   if constexpr (kNorm) {
-    if (tiles > 1) cluster_wait_acquire();  // every tile's sums are in every tile of the head
+    if (tiles > 1) cluster_sync();  // every tile's sums are in every tile of the head (uniform over the cluster)
     if (static_cast<int>(threadIdx.x) < T) {
       const int t = threadIdx.x;
       float ss = 0.f;
@@ -598,7 +622,7 @@ __device__ __forceinline__ void fused_finish_end(const FusedProblem& f, const Ge
         float g = 1.f;
         if (f.z.data != nullptr) {
           const float z = smem_f32(fs.zw, f.z.dtype, i);
-          g = silu(z);
+          g = z / (1.f + expf(-z));
         }
         zw = smem_f32(fs.wn, f.norm_weight.dtype, c) * g;
       } else {
@@ -606,25 +630,6 @@ __device__ __forceinline__ void fused_finish_end(const FusedProblem& f, const Ge
       }
       store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + c0 + c, fs.o[i] * fs.fac[t] * zw);
     }
-  }
-}
-
-// The kernel's final state, kept in its shared tile (rows of smem_row elements, the block's
-// part of the matrix of head hv from element `first` of a row of the pool's matrix: the VK
-// kernel's rows row0.. with first = row0 * state.s[2], the KV kernel's columns c0.. with
-// first = c0), to the pool slot of the row's last token, 16 bytes a thread at a time: the
-// block's last global stores. `pieces`: 16-byte pieces per tile row inside the matrix.
-template <typename S, int NT>
-__device__ __forceinline__ void fused_store_tile(const Problem& p, const WarpSlots& slots, int64_t n, int64_t hv,
-                                                 int64_t first, int rows, int pieces, int smem_row, const S* tile_s) {
-  constexpr int VE = kVecElems<S>;
-  const int64_t wslot = warp_token_write_slot(p, slots, n, p.T - 1);
-  if (wslot < 0) return;
-  S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + first;
-  for (int i = threadIdx.x; i < rows * pieces; i += NT) {
-    const int r = i / pieces, c = i - r * pieces;
-    const Packed<S> v{*reinterpret_cast<const uint4*>(tile_s + r * smem_row + c * VE)};
-    store_state_vec<S, true>(dst + r * p.state.s[2] + c * VE, v);
   }
 }
 

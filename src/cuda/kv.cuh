@@ -332,6 +332,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
   warm_params(prm);
   if (geo.prefetch) prefetch_state_l2(p, n, hv, 0, K, c0, VT * static_cast<int>(sizeof(S)), tid, NT);
+  if constexpr (Fz::kOn) fused_started();
   pdl_wait();
   pdl_launch_dependents();
 
@@ -381,7 +382,6 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   }
   cp_async_wait_group<0>();
   __syncthreads();
-  if constexpr (Fz::kOn) fused_inputs_read(share, geo);
 
   S* const inter = static_cast<S*>(p.inter.data);
   for (int t = 0; t < T; ++t) {
@@ -442,11 +442,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
         if (to_global) {
           const Packed<S> pk = round_state_vec<S>(x, sr, key, static_cast<int64_t>(row) * p.V + col);
           if (inter != nullptr) store_state_vec<S, true>(inter + ib + row * p.inter.s[3], pk);
-          if (Fz::kOn && !keep && wslot >= 0) {  // the final state: stored last (fused_store_tile)
-            *reinterpret_cast<uint4*>(tile_s + off) = pk.u;
-          } else if (wslot >= 0) {
-            store_state_vec<S, true>(state + pb + row * ss2, pk);
-          }
+          if (wslot >= 0) store_state_vec<S, true>(state + pb + row * ss2, pk);
         }
         if (keep) {
           float* const dst = sizeof(S) == 4 ? reinterpret_cast<float*>(tile_s) : work;
@@ -457,11 +453,8 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
       }
     }
   }
-  if constexpr (Fz::kOn) {
-    fused_finish_begin<NT, Fz::kNorm>(prm, geo, share, fs, slots, n, tile, VT, T);
-    fused_finish_end<NT, Fz::kNorm>(prm, geo, share, fs, n, hv, c0, VT, T);
-    fused_store_tile<S, NT>(p, slots, n, hv, c0, K, static_cast<int>(p.V - c0 < VT ? p.V - c0 : VT) / VE, VT, tile_s);
-  }
+  if constexpr (Fz::kOn)
+    fused_finish<NT, Fz::kNorm>(prm, geo, share, fs, slots, n, hv, tile, c0, VT, T);
 }
 
 template <typename S, int K>

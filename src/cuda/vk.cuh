@@ -256,13 +256,38 @@ __device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], f
   }
 }
 
-// The intermediate cache and pool writes of token tt's state for the thread's R rows (global
-// rows row + r*G), straight from registers. wslot: warp_token_write_slot of tt.
-template <typename S, int K, int R, bool kVec>
-__device__ __forceinline__ void vk_store_state(const Problem& p, int64_t wslot, uint64_t sr_row, int64_t n,
+// Output, intermediate cache and pool writes of token tt for the thread's R rows
+// (global rows row + r*G), straight from registers; kOutOnly: the output only (a lazy token,
+// whose state is neither cached nor written). wslot: warp_token_write_slot of tt.
+// kOSmem (the fused step with its norm): o goes to o_s[tt][row - row0] (rt rows per token)
+// instead of global memory, until the norm factor is known.
+template <typename S, int K, int R, bool kVec, bool kOutOnly, bool kOSmem = false>
+__device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, uint64_t sr_row, int64_t n,
                                                int64_t hv, int64_t tt, int64_t row, int j,
-                                               const float (&st)[R][16]) {
-  constexpr int VE = kVecElems<S>, NV = 16 / VE, L = K / 16, G = kVkThreads / L;
+                                               const float (&st)[R][16],
+                                               const float (&o)[VkReduce<K, R>::C],
+                                               float* o_s = nullptr, int64_t row0 = 0, int rt = 0) {
+  using Rd = VkReduce<K, R>;
+  constexpr int VE = kVecElems<S>, NV = 16 / VE, L = K / 16, G = kVkThreads / L, C = Rd::C;
+  // Reduce-scatter: the upper-half lanes hold o, the first lane of each run of duplicates
+  // writes it. All-reduce: lane j < R writes row j's.
+  const bool writer = Rd::kIssueBound ? j >= L / 2 && (j & ((1 << Rd::SHIFT) - 1)) == 0 : j < R;
+  if (writer) {
+    const int r0 = Rd::kIssueBound ? C * (j >> Rd::SHIFT) - R : j;
+#pragma unroll
+    for (int s = 0; s < C; ++s) {
+      const int64_t rv = row + (r0 + s) * G;
+      if constexpr (kOSmem) {
+        if (rv < p.V) o_s[tt * rt + (rv - row0)] = o[s];
+      } else {
+        if (rv < p.V)
+          store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + rv,
+                       o[s]);
+      }
+    }
+  }
+
+  if constexpr (kOutOnly) return;
   // Stochastic rounding: element (v, k) is e = v * K + k; this thread's vector i of row r
   // starts at k = (i * L + j) * VE.
   const bool sr = p.rounding_seed != nullptr;
@@ -291,63 +316,6 @@ __device__ __forceinline__ void vk_store_state(const Problem& p, int64_t wslot, 
                p.state.s[2]);
 }
 
-// Output, intermediate cache and pool writes of token tt for the thread's R rows
-// (global rows row + r*G), straight from registers; kOutOnly: the output only (a lazy token,
-// whose state is neither cached nor written). wslot: warp_token_write_slot of tt.
-// kOSmem (the fused step with its norm): o goes to o_s[tt][row - row0] (rt rows per token)
-// instead of global memory, until the norm factor is known. defer: the pool write is left to
-// the caller (the fused step's final state: vk_stash_state, then fused_store_tile).
-template <typename S, int K, int R, bool kVec, bool kOutOnly, bool kOSmem = false>
-__device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, uint64_t sr_row, int64_t n,
-                                               int64_t hv, int64_t tt, int64_t row, int j,
-                                               const float (&st)[R][16],
-                                               const float (&o)[VkReduce<K, R>::C],
-                                               float* o_s = nullptr, int64_t row0 = 0, int rt = 0,
-                                               bool defer = false) {
-  using Rd = VkReduce<K, R>;
-  constexpr int L = K / 16, G = kVkThreads / L, C = Rd::C;
-  // Reduce-scatter: the upper-half lanes hold o, the first lane of each run of duplicates
-  // writes it. All-reduce: lane j < R writes row j's.
-  const bool writer = Rd::kIssueBound ? j >= L / 2 && (j & ((1 << Rd::SHIFT) - 1)) == 0 : j < R;
-  if (writer) {
-    const int r0 = Rd::kIssueBound ? C * (j >> Rd::SHIFT) - R : j;
-#pragma unroll
-    for (int s = 0; s < C; ++s) {
-      const int64_t rv = row + (r0 + s) * G;
-      if constexpr (kOSmem) {
-        if (rv < p.V) o_s[tt * rt + (rv - row0)] = o[s];
-      } else {
-        if (rv < p.V)
-          store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + rv,
-                       o[s]);
-      }
-    }
-  }
-
-  if constexpr (kOutOnly) return;
-  vk_store_state<S, K, R, kVec>(p, defer ? -1 : wslot, sr_row, n, hv, tt, row, j, st);
-}
-
-// The fused step's final state (token tt) of the thread's R rows into their places in the
-// shared tile, rounded as vk_store_state rounds it: fused_store_tile writes the tile to the pool
-// after every other global store of the block. (Stores issued behind a block's burst of state
-// stores wait for it to drain, and the block with them: measured, the fused step's conv-state
-// and norm stores after the state cost more than their own work.)
-template <typename S, int K, int R>
-__device__ __forceinline__ void vk_stash_state(const Problem& p, uint64_t sr_row, int64_t hv, int64_t tt,
-                                               int64_t row, int lr, int j, const float (&st)[R][16], S* tile_s) {
-  constexpr int VE = kVecElems<S>, NV = 16 / VE, L = K / 16, G = kVkThreads / L;
-  const bool sr = p.rounding_seed != nullptr;
-  const uint32_t key = sr ? sr_key(sr_row, hv, tt) : 0u;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int i = 0; i < NV; ++i)
-      *reinterpret_cast<uint4*>(tile_s + (lr + r * G) * K + (i * L + j) * VE) =
-          round_state_vec<S>(&st[r][i * VE], sr, key, (row + r * G) * K + (i * L + j) * VE).u;
-  }
-}
-
 // One token of the thread's R rows and its stores; every lane of the warp calls it.
 // kLazy: a token whose state is not stored (vk_lazy_end), output only.
 template <typename S, int K, int R, bool kVec, bool kLazy, int kDirectVE = 0, typename VIn = float,
@@ -356,11 +324,11 @@ __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots
                                         int64_t hv, int64_t tt, int64_t row, int j,
                                         float (&st)[R][16], float& gam_acc, const StageSmem& sm,
                                         int t, const VIn* vrow, float* o_s = nullptr,
-                                        int64_t row0 = 0, int rt = 0, bool defer = false) {
+                                        int64_t row0 = 0, int rt = 0) {
   float o[VkReduce<K, R>::C];
   vk_token<K, R, kLazy, kDirectVE>(p, st, gam_acc, sm, t, j, vrow, o);
   vk_store_token<S, K, R, kVec, kLazy, kOSmem>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt), slots.sr_row,
-                                               n, hv, tt, row, j, st, o, o_s, row0, rt, defer);
+                                               n, hv, tt, row, j, st, o, o_s, row0, rt);
 }
 
 // Lazy tokens run from t up to the returned token (exclusive), which takes the literal step:
@@ -511,6 +479,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
     prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
   }
+  if constexpr (Fz::kOn) fused_started();
   pdl_wait();
   pdl_launch_dependents();
 
@@ -554,7 +523,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   stage_gates_store<kVkThreads>(p, sm, T, gates);
   if constexpr (Fz::kOn) {
     fused_prologue<kVkThreads, Fz::kNorm>(prm, geo, *share, sm, *fs, n, hv, row0, RT, T, slots.read);
-    if (!(geo.exp & 16)) stage_convert_t<K, kVkThreads, float, false>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
+    stage_convert_t<K, kVkThreads, float, false>(p, geo, sm, T, RT, typename VkShape<S, K, 1>::Pos{});
   } else if constexpr (!kDirect) {  // direct: the compute threads read the raw inputs
     cp_async_wait_group<1>();  // q, k, v landed (the state may still be in flight)
     __syncthreads();
@@ -563,7 +532,6 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   }
   cp_async_wait_group<0>();
   __syncthreads();  // (converted) inputs, gates and the state tile visible to every thread
-  if constexpr (Fz::kOn) fused_inputs_read(*share, geo);
   return true;
 }
 
@@ -614,8 +582,6 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     }
   }();
 
-  // The fused step keeps the final state in the shared tile (vk_stash_state) and writes it to
-  // the pool last (fused_store_tile).
   for (int i = 0; i < RT / G; i += RR) {  // RT is a multiple of G * RR
     const int lr = i * G + group;        // local row of r = 0
     float st[RR][E];
@@ -635,17 +601,11 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
                                                              sm, t, vbase + t * RT + lr, fs.o, row0, RT);
       }
       vk_step<S, K, RR, true, false, kDirect ? VE : 0, std::remove_cv_t<std::remove_pointer_t<decltype(vbase)>>,
-              Fz::kNorm>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t, vbase + t * RT + lr, fs.o, row0, RT,
-                         Fz::kOn && t == T - 1);
+              Fz::kNorm>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t, vbase + t * RT + lr, fs.o, row0, RT);
     }
-    if constexpr (Fz::kOn) vk_stash_state<S, K, RR>(p, slots.sr_row, hv, T - 1, row0 + lr, lr, j, st, tile_s);
   }
-  if constexpr (Fz::kOn) {
-    fused_finish_begin<kVkThreads, Fz::kNorm>(prm, geo, share, fs, slots, n, tile, RT, T);
-    fused_finish_end<kVkThreads, Fz::kNorm>(prm, geo, share, fs, n, hv, row0, RT, T);
-    fused_store_tile<S, kVkThreads>(p, slots, n, hv, row0 * p.state.s[2], static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT),
-                                    K / VE, K, tile_s);
-  }
+  if constexpr (Fz::kOn)
+    fused_finish<kVkThreads, Fz::kNorm>(prm, geo, share, fs, slots, n, hv, tile, row0, RT, T);
 }
 
 }  // namespace gdn::detail::cuda
