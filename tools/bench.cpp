@@ -52,10 +52,10 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--op", opt->op,
-                  "CUDA: decode | fused | all: gdn::decode, or gdn::fused_decode (conv W = 4, bf16 conv pool in "
+                  "decode | fused | all: gdn::decode, or gdn::fused_decode (conv W = 4, bf16 conv pool in "
                   "vLLM's [P, L, D] memory, gated RMSNorm on unless --fused-norm false)")
       ->check(CLI::IsMember({"decode", "fused", "all"}));
-  cmd->add_option("--fused-norm", opt->fused_norm, "CUDA: the fused rows' gated RMSNorm (true | false)")
+  cmd->add_option("--fused-norm", opt->fused_norm, "the fused rows' gated RMSNorm (true | false)")
       ->capture_default_str();
   cmd->add_option("--rounding", opt->rounding,
                   "nearest | stochastic | all: 16-bit state stores round to nearest even, or "

@@ -14,8 +14,8 @@ namespace gdn::tools {
 // The options of both benches. An empty list or string means "the bench's own default".
 struct BenchOptions {
   std::string device = "auto";
-  std::string op = "decode";   // CUDA: decode | fused | all (gdn::fused_decode rows)
-  bool fused_norm = true;      // CUDA: the fused rows' gated RMSNorm
+  std::string op = "decode";   // decode | fused | all (gdn::fused_decode rows)
+  bool fused_norm = true;      // the fused rows' gated RMSNorm
   std::string rounding = "nearest";  // nearest | stochastic | all (16-bit state stores)
   std::string model = "all", state = "all", mode, layout = "default";
   std::string cache, update;  // default: all (CUDA); off and on (CPU)

@@ -1,5 +1,6 @@
-// `gdn bench --device cpu`: per-call time of gdn::decode on the CPU backend against the
-// machine's copy bandwidth measured in the same run, over the same OpenMP threads.
+// `gdn bench --device cpu`: per-call time of gdn::decode (and, with --op fused | all,
+// gdn::fused_decode) on the CPU backend against the machine's copy bandwidth measured in the
+// same run, over the same OpenMP threads.
 //
 // Method. The copy bandwidth is a memcpy of a buffer many times the last-level cache, split
 // over the threads (each copies its own contiguous share, first-touched by itself), bytes
@@ -11,7 +12,10 @@
 // + written (valid rows only; + the intermediate cache) over the median per-call time, and
 // that as a percentage of the copy bandwidth (the floor is those bytes at the copy rate).
 // --rounding stochastic times 16-bit states with a rounding_seed (stochastic rounding of every
-// state store; the seed is the same every call, which does not change the time).
+// state store; the seed is the same every call, which does not change the time). The fused rows
+// take the CUDA bench's conv (W = 4 taps, a bf16 conv pool of L = 3 columns in vLLM's [P, L, D]
+// memory, rotated with the state pools; mixed_qkv in place of q, k, v) and the gated RMSNorm
+// (unless --fused-norm false); their state bytes count the conv pool's too.
 #include <sys/resource.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -70,7 +74,12 @@ struct Config {
   bool cache;
   bool update;
   bool stochastic;  // rounding_seed given (16-bit states only)
+  bool fused;       // gdn::fused_decode (op "fused") instead of gdn::decode
 };
+
+// The fused rows' conv, as the models have it (and as the CUDA bench has it).
+constexpr int64_t kConvW = 4;
+constexpr int64_t kConvL = 3;
 
 struct Result {
   Config c;
@@ -197,6 +206,7 @@ double copy_gbs(size_t llc, double* busy) {
 // The tensors of one configuration: one copy of the inputs, N state sets.
 struct Setup {
   std::vector<DecodeArgs> sets;
+  std::vector<FusedDecodeArgs> fsets;  // the fused rows: the same calls as fused-step arguments
   std::vector<Buffer> mem;
   int64_t valid = 0;
   double state_bytes = 0;  // per call
@@ -210,12 +220,15 @@ Setup make_setup(const Config& c, const BenchOptions& opt, size_t llc, uint64_t 
   const int64_t slot_elems = HV * rows * cols;
   const int64_t pad = c.mode == Mode::kDense ? 0 : std::llround(0.2 * B);
   const int64_t P = c.mode == Mode::kDense ? B : 2 * B;
+  const int64_t D = 2 * H * K + HV * V;
   Setup su;
   su.valid = B - pad;
   const double slot_bytes = double(slot_elems) * es;
-  su.state_bytes = su.valid * slot_bytes * (1 + (c.update ? 1 : 0) + (c.cache ? T : 0));
+  const double conv_bytes = c.fused ? double(D) * kConvL * 2 : 0.0;  // a slot of the conv pool
+  su.state_bytes = su.valid * (slot_bytes * (1 + (c.update ? 1 : 0) + (c.cache ? T : 0)) + conv_bytes * (c.update ? 2 : 1));
   // Distinct bytes one call touches; the other sets' must cover llc_multiple x LLC.
-  const double footprint = su.valid * slot_bytes * ((c.mode == Mode::kSplit && c.update ? 2 : 1) + (c.cache ? T : 0));
+  const double footprint = su.valid * ((slot_bytes + conv_bytes) * (c.mode == Mode::kSplit && c.update ? 2 : 1) +
+                                       slot_bytes * (c.cache ? T : 0));
   const double cold = opt.llc_multiple * double(llc);
   int64_t N = footprint >= cold ? 1 : static_cast<int64_t>(std::ceil(cold / std::max(footprint, 1.0))) + 1;
   N = std::min<int64_t>(N, 1024);
@@ -275,6 +288,24 @@ Setup make_setup(const Config& c, const BenchOptions& opt, size_t llc, uint64_t 
   if (c.mode != Mode::kDense) base.read_slots = make_view(rs, kInt32, cpu, {B});
   if (c.mode == Mode::kSplit) base.write_slots = make_view(ws, kInt32, cpu, {B});
   if (c.stochastic) base.rounding_seed = make_view(seed_value, kInt64, cpu, {1});
+  FusedDecodeArgs fbase;
+  if (c.fused) {
+    char* x = take(B * T * D * 2);
+    char* cw = take(D * kConvW * 2);
+    fill(x, kBFloat16, B * T * D, 1.732f, seed + 7);
+    fill(cw, kBFloat16, D * kConvW, 0.866f, seed + 8);
+    static_cast<StepArgs&>(fbase) = static_cast<const StepArgs&>(base);
+    fbase.mixed_qkv = make_view(x, kBFloat16, cpu, {B, T, D});
+    fbase.conv_weight = make_view(cw, kBFloat16, cpu, {D, kConvW});
+    if (opt.fused_norm) {
+      char* z = take(B * T * HV * V * 2);
+      char* nw = take(V * 2);
+      fill(z, kBFloat16, B * T * HV * V, 1.732f, seed + 9);
+      fill(nw, kBFloat16, V, 1.732f, seed + 10);
+      fbase.z = make_view(z, kBFloat16, cpu, {B, T, HV, V});
+      fbase.norm_weight = make_view(nw, kBFloat16, cpu, {V});
+    }
+  }
 
   // One random pool, copied into the other sets (the values do not change the time).
   const int64_t pool_elems = P * slot_elems;
@@ -299,8 +330,21 @@ Setup make_setup(const Config& c, const BenchOptions& opt, size_t llc, uint64_t 
       args.inter = make_view(in, c.state, cpu, {B, T, HV, rows, cols});
     }
     su.sets.push_back(args);
+    if (c.fused) {
+      FusedDecodeArgs f = fbase;
+      static_cast<StepArgs&>(f) = static_cast<const StepArgs&>(args);
+      char* cs = take(P * D * kConvL * 2);
+      fill(cs, kBFloat16, P * D * kConvL, 1.732f, seed + 300 + i);
+      f.conv_state = make_view(cs, kBFloat16, cpu, {P, D, kConvL}, {D * kConvL, 1, D});
+      su.fsets.push_back(f);
+    }
   }
   return su;
+}
+
+// One call of the configuration's operation on state set i.
+Status run_op(const Setup& su, int64_t i) {
+  return su.fsets.empty() ? decode(su.sets[i], nullptr) : fused_decode(su.fsets[i], nullptr);
 }
 
 Result run_config(const Config& c, const BenchOptions& opt, size_t llc, double copy, uint64_t seed) {
@@ -315,8 +359,8 @@ Result run_config(const Config& c, const BenchOptions& opt, size_t llc, double c
   // Warm-up over every set: argument errors surface here, and the pass estimates the call.
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < N; ++i) {
-    const Status st = decode(su.sets[i], nullptr);
-    if (!st.ok()) throw std::runtime_error("gdn::decode: " + st.message());
+    const Status st = run_op(su, i);
+    if (!st.ok()) throw std::runtime_error(std::string(c.fused ? "gdn::fused_decode: " : "gdn::decode: ") + st.message());
   }
   const double est = seconds_since(t0) / N;
   // At least 50 ms per repetition, and every set once.
@@ -326,7 +370,7 @@ Result run_config(const Config& c, const BenchOptions& opt, size_t llc, double c
   for (int rep = 0; rep < opt.reps; ++rep) {
     const double c0 = process_cpu_seconds();
     const auto r0 = Clock::now();
-    for (int64_t i = 0; i < calls; ++i, ++at) (void)decode(su.sets[at % N], nullptr);
+    for (int64_t i = 0; i < calls; ++i, ++at) (void)run_op(su, at % N);
     const double wall = seconds_since(r0);
     per_call.emplace_back(wall / calls, (process_cpu_seconds() - c0) / (wall * max_threads()));
   }
@@ -343,6 +387,8 @@ std::vector<Config> make_sweep(const BenchOptions& opt) {
   for (Mode m : {Mode::kDense, Mode::kPool, Mode::kSplit})
     if (pick(opt.mode, mode_name(m))) modes.push_back(m);
   std::vector<Config> out;
+  for (bool fused : {false, true}) {
+  if (!pick(opt.op, fused ? "fused" : "decode")) continue;
   for (const Model& m : kModels) {
     if (!pick(opt.model, m.name)) continue;
     // Qwen3.5 moves twice the bytes per row: by default its rows are T = 1 only.
@@ -366,10 +412,11 @@ std::vector<Config> make_sweep(const BenchOptions& opt) {
                     if (!pick(opt.update, update ? "on" : "off")) continue;
                     if (!pick(opt.rounding, sr ? "stochastic" : "nearest")) continue;
                     if (sr && st.bits == 32) continue;  // fp32 stores never round
-                    out.push_back(Config{&m, st, kv, mode, T, B, cache, update, sr});
+                    out.push_back(Config{&m, st, kv, mode, T, B, cache, update, sr, fused});
                   }
       }
     }
+  }
   }
   return out;
 }
@@ -395,8 +442,8 @@ int cpu_bench_main(const BenchOptions& opt) {
 
   std::printf("device %s, %d threads, LLC %.0f MiB, %s kernels; copy %.2f GB/s (read + written, busy %.2f)\n",
               device.c_str(), threads, llc / 1048576.0, detail::cpu::cpu_simd_name(), copy0, busy0);
-  std::printf("%-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s %5s %5s\n", "model", "state", "lay", "mode", "T",
-              "B", "cache", "update", "us", "GB/s", "%copy", "floor_us", "busy", "round");
+  std::printf("%-6s %-10s %-5s %-3s %-5s %3s %4s %-5s %-6s %10s %7s %6s %10s %5s %5s\n", "op", "model", "state", "lay",
+              "mode", "T", "B", "cache", "update", "us", "GB/s", "%copy", "floor_us", "busy", "round");
   const std::vector<Config> sweep = make_sweep(opt);
   std::vector<Result> results;
   int failures = 0;
@@ -408,8 +455,8 @@ int cpu_bench_main(const BenchOptions& opt) {
     try {
       const Result r = run_config(c, opt, llc, copy0, 1000 + i);
       results.push_back(r);
-      std::printf("%-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.1f %7.2f %5.1f%% %10.1f %5.2f %5s\n", c.model->name,
-                  state_name(c.state), c.layout_kv ? "KV" : "VK", mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off",
+      std::printf("%-6s %-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.1f %7.2f %5.1f%% %10.1f %5.2f %5s\n",
+                  c.fused ? "fused" : "decode", c.model->name, state_name(c.state), c.layout_kv ? "KV" : "VK", mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off",
                   c.update ? "on" : "off", r.us, r.gbs, 100.0 * r.gbs / copy0, r.floor_us, r.busy,
                   c.stochastic ? "sr" : "rne");
       std::fflush(stdout);
@@ -439,7 +486,7 @@ int cpu_bench_main(const BenchOptions& opt) {
     for (const Result& r : results) {
       const Config& c = r.c;
       rows.push_back({{"backend", "cpu"},
-                      {"op", "decode"},
+                      {"op", c.fused ? "fused" : "decode"},
                       {"model", c.model->name},
                       {"state", state_name(c.state)},
                       {"layout", c.layout_kv ? "KV" : "VK"},
@@ -460,6 +507,7 @@ int cpu_bench_main(const BenchOptions& opt) {
                       {"pct_copy", 100.0 * r.gbs / copy0},
                       {"floor_us", r.floor_us},
                       {"busy", r.busy}});
+      if (c.fused) rows.back()["norm"] = opt.fused_norm;
     }
     j["rows"] = rows;
     std::ofstream f(opt.json);
