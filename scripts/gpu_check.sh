@@ -37,8 +37,10 @@ if has run; then
     ./$B/gdn run --model qwen3.5 --batch 100 --state bf16 --steps 4
     ./$B/gdn run --model qwen3-next --tokens 4 --batch 30 --steps 6 --cache
     ./$B/gdn run --model qwen3-next --tokens 3 --batch 7 --layout KV --state bf16 --steps 4
+    ./$B/gdn run --model qwen3-next --fused --state bf16 --steps 4
+    ./$B/gdn run --model qwen3.5 --fused --tokens 3 --batch 9 --cache --steps 4
   } > "$OUT/run.log" 2>&1
-  rc=$?; note "gdn run rc=$rc: $(grep -c 'verification PASS' "$OUT/run.log") of 4 PASS"
+  rc=$?; note "gdn run rc=$rc: $(grep -c 'verification PASS' "$OUT/run.log") of 6 PASS"
   grep summary "$OUT/run.log"
 fi
 if has sanitize; then

@@ -4,7 +4,10 @@
 // projection buffer, and `--steps` calls of decode (T = 1) or of speculative verify
 // (T > 1: per-token slots, the next step continuing from the last accepted token). Every
 // step is checked against the float64 oracle (all rows when cheap, a random sample
-// otherwise) and reported with its time and state traffic.
+// otherwise) and reported with its time and state traffic. --fused runs the layer's whole
+// decode path instead (gdn::fused_decode): the packed buffer is the conv's input, a conv pool
+// of kConvL columns in vLLM's [P, L, D] memory follows the state slots, and the gated RMSNorm
+// takes z; the oracle checks o, the states and the conv states it wrote.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,6 +45,11 @@ const std::map<std::string, ModelShape> kModels = {
     {"qwen3.5", {16, 64, 128, 128, 45}},
 };
 
+// The conv of Qwen3-Next's and Qwen3.5's GDN layers (conv_kernel_size 4), with a conv pool of
+// W - 1 columns as vLLM keeps it.
+constexpr int64_t kConvW = 4;
+constexpr int64_t kConvL = kConvW - 1;
+
 struct Options {
   std::string model = "qwen3-next";
   int tp = 1;
@@ -56,6 +64,7 @@ struct Options {
   uint64_t seed = 0;
   int max_verify_rows = 0;
   bool cache = false;
+  bool fused = false;
 };
 
 DLDataType parse_dtype(const std::string& s) {
@@ -235,6 +244,31 @@ int run(const Options& opt) {
   }
   if (opt.cache) args.inter = make_view(inter_d->ptr, sdt, dev, {B, T, HV, kv ? K : V, kv ? V : K});
 
+  // --fused: the conv pool (random, as after some history), the conv taps, z and the norm
+  // weight, all in the inputs' dtype; the packed buffer becomes mixed_qkv.
+  const size_t conv_slot_bytes = opt.fused ? qkv_w * kConvL * elsize(idt) : 0;
+  Mem conv_pool(P * conv_slot_bytes, gpu), conv_w_d(qkv_w * kConvW * elsize(idt), gpu), norm_w_d(V * elsize(idt), gpu);
+  std::vector<uint8_t> conv_w_h(qkv_w * kConvW * elsize(idt)), norm_w_h(V * elsize(idt)), z_h(B * T * HV * V * elsize(idt));
+  Mem z_d(z_h.size(), gpu);
+  FusedDecodeArgs fargs;
+  if (opt.fused) {
+    std::vector<uint8_t> chunk(conv_slot_bytes);
+    for (int64_t s = 0; s < P; ++s) {
+      fill_normal(chunk, idt, rng, 0.0, 1.0);
+      conv_pool.upload(chunk.data(), conv_slot_bytes, s * conv_slot_bytes);
+    }
+    fill_normal(conv_w_h, idt, rng, 0.0, 0.5);
+    fill_normal(norm_w_h, idt, rng, 1.0, 0.1);
+    conv_w_d.upload(conv_w_h.data(), conv_w_h.size());
+    norm_w_d.upload(norm_w_h.data(), norm_w_h.size());
+    static_cast<StepArgs&>(fargs) = static_cast<const StepArgs&>(args);
+    fargs.mixed_qkv = make_view(qkv_base, idt, dev, {B, T, qkv_w});
+    fargs.conv_weight = make_view(conv_w_d.ptr, idt, dev, {qkv_w, kConvW});
+    fargs.conv_state = make_view(conv_pool.ptr, idt, dev, {P, qkv_w, kConvL}, {qkv_w * kConvL, 1, qkv_w});
+    fargs.z = make_view(z_d.ptr, idt, dev, {B, T, HV, V});
+    fargs.norm_weight = make_view(norm_w_d.ptr, idt, dev, {V});
+  }
+
   // Verification samples rows when the float64 oracle over the whole batch would be slow.
   const int64_t oracle_cost = B * HV * T * V * K;
   const int64_t max_rows = opt.max_verify_rows > 0 ? opt.max_verify_rows
@@ -252,6 +286,7 @@ int run(const Options& opt) {
     fill_normal(qkv_h, idt, rng, 0.0, 1.0);
     fill_normal(a_h, idt, rng, 0.0, 1.0);
     fill_normal(b_h, idt, rng, 0.0, 1.0);
+    if (opt.fused) fill_normal(z_h, idt, rng, 0.0, 1.0);
     fill_nan(o_h, odt);
     // Request n (padding beyond Breal) sits at batch row perm[n]: padding rows land at random
     // positions, as after an engine drops finished requests.
@@ -268,6 +303,7 @@ int run(const Options& opt) {
     qkv_d.upload(qkv_h.data(), qkv_h.size());
     a_d.upload(a_h.data(), a_h.size());
     b_d.upload(b_h.data(), b_h.size());
+    if (opt.fused) z_d.upload(z_h.data(), z_h.size());
     o_d.upload(o_h.data(), o_h.size());
     read_d.upload(read_h.data(), B * 4);
     tok_d.upload(tok_h.data(), B * T * 4);
@@ -284,10 +320,13 @@ int run(const Options& opt) {
     const int64_t R = rows.size();
     auto read_slot_of = [&](int64_t n) -> int64_t { return T == 1 ? read_h[n] : (tok_h[n * T] < 0 ? -1 : tok_h[n * T + acc_h[n] - 1]); };
     // Oracle pool: slot i*(T+1) holds row i's start state, i*(T+1)+1+t its state after token t.
-    std::vector<uint8_t> ref_pool(R * (T + 1) * slot_bytes);
+    std::vector<uint8_t> ref_pool(R * (T + 1) * slot_bytes), ref_conv(R * (T + 1) * conv_slot_bytes);
     for (int64_t i = 0; i < R; ++i) {
       const int64_t s = read_slot_of(rows[i]);
-      if (s >= 0) pool.download(ref_pool.data() + i * (T + 1) * slot_bytes, slot_bytes, s * slot_bytes);
+      if (s < 0) continue;
+      pool.download(ref_pool.data() + i * (T + 1) * slot_bytes, slot_bytes, s * slot_bytes);
+      if (opt.fused)
+        conv_pool.download(ref_conv.data() + i * (T + 1) * conv_slot_bytes, conv_slot_bytes, s * conv_slot_bytes);
     }
 
     // The timed call.
@@ -302,7 +341,7 @@ int run(const Options& opt) {
     }
 #endif
     const auto t0 = std::chrono::steady_clock::now();
-    Status st = decode(args, nullptr);
+    Status st = opt.fused ? fused_decode(fargs, nullptr) : decode(args, nullptr);
 #ifdef GDN_WITH_CUDA
     if (gpu) {
       cudaEventRecord(e1);
@@ -318,7 +357,7 @@ int run(const Options& opt) {
 #endif
     if (!gpu) us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     if (!st.ok()) {
-      std::fprintf(stderr, "gdn run: decode failed: %s\n", st.message().c_str());
+      std::fprintf(stderr, "gdn run: %s failed: %s\n", opt.fused ? "fused_decode" : "decode", st.message().c_str());
       return 1;
     }
     if (step > 0 || opt.steps == 1) times.push_back(us);  // step 0 pays one-time start-up costs
@@ -327,9 +366,14 @@ int run(const Options& opt) {
     std::vector<uint8_t> q_r(R * T * H * K * elsize(idt)), k_r(q_r.size()), v_r(R * T * HV * V * elsize(idt));
     std::vector<uint8_t> a_r(R * T * HV * elsize(idt)), b_r(a_r.size()), o_r(R * T * HV * V * elsize(odt));
     std::vector<int32_t> rread(R), rtok(R * T);
+    std::vector<uint8_t> x_r(opt.fused ? R * T * qkv_w * elsize(idt) : 0), z_r(opt.fused ? R * T * HV * V * elsize(idt) : 0);
     const int64_t es = elsize(idt);
     for (int64_t i = 0; i < R; ++i) {
       const int64_t n = rows[i];
+      if (opt.fused) {
+        std::memcpy(x_r.data() + i * T * qkv_w * es, qkv_h.data() + n * T * qkv_w * es, T * qkv_w * es);
+        std::memcpy(z_r.data() + i * T * HV * V * es, z_h.data() + n * T * HV * V * es, T * HV * V * es);
+      }
       for (int64_t t = 0; t < T; ++t) {
         const uint8_t* src = qkv_h.data() + (n * T + t) * qkv_w * es;
         std::memcpy(q_r.data() + (i * T + t) * H * K * es, src, H * K * es);
@@ -358,7 +402,20 @@ int run(const Options& opt) {
     ref.read_slots = make_view(rread.data(), kInt32, kCpu, {R});
     ref.token_slots = make_view(rtok.data(), kInt32, kCpu, {R, T});
     ref.o = make_view(o_r.data(), odt, kCpu, {R, T, HV, V});
-    Status rs = reference::decode(ref);
+    Status rs;
+    if (opt.fused) {
+      FusedDecodeArgs fref;
+      static_cast<StepArgs&>(fref) = static_cast<const StepArgs&>(ref);
+      fref.mixed_qkv = make_view(x_r.data(), idt, kCpu, {R, T, qkv_w});
+      fref.conv_weight = make_view(conv_w_h.data(), idt, kCpu, {qkv_w, kConvW});
+      fref.conv_state =
+          make_view(ref_conv.data(), idt, kCpu, {R * (T + 1), qkv_w, kConvL}, {qkv_w * kConvL, 1, qkv_w});
+      fref.z = make_view(z_r.data(), idt, kCpu, {R, T, HV, V});
+      fref.norm_weight = make_view(norm_w_h.data(), idt, kCpu, {V});
+      rs = reference::fused_decode(fref);
+    } else {
+      rs = reference::decode(ref);
+    }
     if (!rs.ok()) {
       std::fprintf(stderr, "gdn run: oracle failed: %s\n", rs.message().c_str());
       return 1;
@@ -367,7 +424,7 @@ int run(const Options& opt) {
     // Compare outputs and every state the call wrote for the sampled rows, each as one tensor.
     o_d.download(o_h.data(), o_h.size());
     const size_t row_bytes = T * HV * V * elsize(odt);
-    std::vector<uint8_t> o_got(R * row_bytes), st_got, st_want;
+    std::vector<uint8_t> o_got(R * row_bytes), st_got, st_want, conv_got, conv_want;
     for (int64_t i = 0; i < R; ++i) {
       std::memcpy(o_got.data() + i * row_bytes, o_h.data() + rows[i] * row_bytes, row_bytes);
       for (int64_t t = 0; t < T; ++t) {
@@ -378,12 +435,21 @@ int run(const Options& opt) {
         pool.download(st_got.data() + at, slot_bytes, s * slot_bytes);
         st_want.insert(st_want.end(), ref_pool.data() + rtok[i * T + t] * slot_bytes,
                        ref_pool.data() + (rtok[i * T + t] + 1) * slot_bytes);
+        if (opt.fused) {
+          const size_t c = conv_got.size();
+          conv_got.resize(c + conv_slot_bytes);
+          conv_pool.download(conv_got.data() + c, conv_slot_bytes, s * conv_slot_bytes);
+          conv_want.insert(conv_want.end(), ref_conv.data() + rtok[i * T + t] * conv_slot_bytes,
+                           ref_conv.data() + (rtok[i * T + t] + 1) * conv_slot_bytes);
+        }
       }
     }
-    reference::Agreement out_agree, state_agree;
+    reference::Agreement out_agree, state_agree, conv_agree;
     reference::compare_vectors(o_got.data(), o_r.data(), odt, R * T * HV, V, &out_agree);
     reference::compare_vectors(st_got.data(), st_want.data(), sdt, st_got.size() / slot_bytes * HV * V, K, &state_agree);
-    const bool ok = out_agree.ok() && state_agree.ok();
+    // The conv states are copies of inputs: they must agree bit for bit.
+    const bool conv_ok = conv_got == conv_want;
+    const bool ok = out_agree.ok() && state_agree.ok() && conv_ok;
     all_ok = all_ok && ok;
 
     // Traffic: each valid row reads one state and writes one per stored token.
@@ -398,9 +464,10 @@ int run(const Options& opt) {
     if (step > 0 || opt.steps == 1) rates.push_back(bytes / us * 1e-3);
     double mean_acc = 0;
     for (int64_t n = 0; n < Breal; ++n) mean_acc += accepted[n];
-    std::printf("%5d %4lld/%-4lld %10.1f %9.1f %9.2f  %s (%lld rows): out %s; state %s\n", step, (long long)valid,
+    std::printf("%5d %4lld/%-4lld %10.1f %9.1f %9.2f  %s (%lld rows): out %s; state %s%s\n", step, (long long)valid,
                 (long long)B, us, bytes / us * 1e-3, T == 1 ? 1.0 : mean_acc / Breal, ok ? "PASS" : "FAIL",
-                (long long)R, out_agree.summary().c_str(), state_agree.summary().c_str());
+                (long long)R, out_agree.summary().c_str(), state_agree.summary().c_str(),
+                !opt.fused ? "" : conv_ok ? "; conv state bit-identical" : "; conv state DIFFERS");
 
     // The engine accepts a random number of draft tokens; the next step continues from there.
     for (int64_t n = 0; n < Breal; ++n) accepted[n] = acc_dist(rng);
@@ -442,6 +509,9 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--verify-rows", opt->max_verify_rows, "rows checked against the oracle per step (default: all when cheap)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--cache", opt->cache, "also write the intermediate cache [B, T, HV, ...]");
+  cmd->add_flag("--fused", opt->fused,
+                "the layer's whole decode path through gdn::fused_decode: causal conv (W = 4, a conv pool "
+                "following the state slots), q/k/v split, the recurrence and the gated RMSNorm");
   cmd->callback([opt]() {
     int rc;
     try {
