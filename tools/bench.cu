@@ -66,10 +66,8 @@ struct Config {
   bool sr = false;     // stochastic rounding of the bf16 state stores (rounding_seed given)
 };
 
-// The fused step's conv, as the models have it: W = 4 taps, a bf16 conv pool of L = W - 1
-// columns in vLLM's [P, L, D] memory (a transposed view), the gated RMSNorm on.
-constexpr int64_t kConvW = 4;
-constexpr int64_t kConvL = 3;
+using gdn::tools::kConvL;  // the fused rows' conv (bench.h)
+using gdn::tools::kConvW;
 
 // ---------------------------------------------------------------------------------------
 // Random fill on the device: a counter hash to a uniform in [-amp, amp) (never all zeros;

@@ -4,12 +4,18 @@
 // takes CUDA when the build has it and a GPU is visible, else the CPU.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 namespace gdn::tools {
+
+// The fused rows' conv in both benches, as the models have it: W = 4 taps, a bf16 conv pool of
+// L = W - 1 columns in vLLM's [P, L, D] memory (a transposed view).
+constexpr int64_t kConvW = 4;
+constexpr int64_t kConvL = kConvW - 1;
 
 // The options of both benches. An empty list or string means "the bench's own default".
 struct BenchOptions {

@@ -77,10 +77,6 @@ struct Config {
   bool fused;       // gdn::fused_decode (op "fused") instead of gdn::decode
 };
 
-// The fused rows' conv, as the models have it (and as the CUDA bench has it).
-constexpr int64_t kConvW = 4;
-constexpr int64_t kConvL = 3;
-
 struct Result {
   Config c;
   int64_t valid = 0;  // rows that are not padding
@@ -388,35 +384,35 @@ std::vector<Config> make_sweep(const BenchOptions& opt) {
     if (pick(opt.mode, mode_name(m))) modes.push_back(m);
   std::vector<Config> out;
   for (bool fused : {false, true}) {
-  if (!pick(opt.op, fused ? "fused" : "decode")) continue;
-  for (const Model& m : kModels) {
-    if (!pick(opt.model, m.name)) continue;
-    // Qwen3.5 moves twice the bytes per row: by default its rows are T = 1 only.
-    const bool big = std::string(m.name) == "qwen3.5";
-    std::vector<int> Ts = opt.T, Bs = opt.B;
-    if (Ts.empty()) Ts = opt.quick || big ? std::vector<int>{1} : std::vector<int>{1, 2, 4};
-    if (Bs.empty()) Bs = opt.quick ? std::vector<int>{8, 128} : std::vector<int>{8, 32, 128};
-    for (DLDataType st : kStates) {
-      if (!pick(opt.state, state_name(st))) continue;
-      for (bool kv : {false, true}) {
-        if (opt.layout == "vk" && kv) continue;
-        if (opt.layout == "kv" && !kv) continue;
-        for (Mode mode : modes)
-          for (int T : Ts)
-            for (int B : Bs)
-              for (bool cache : {false, true})
-                for (bool update : {true, false})
-                  for (bool sr : {false, true}) {
-                    if (T == 1 && (cache || !update)) continue;  // cache/update sweep only for T > 1
-                    if (!pick(opt.cache, cache ? "on" : "off")) continue;
-                    if (!pick(opt.update, update ? "on" : "off")) continue;
-                    if (!pick(opt.rounding, sr ? "stochastic" : "nearest")) continue;
-                    if (sr && st.bits == 32) continue;  // fp32 stores never round
-                    out.push_back(Config{&m, st, kv, mode, T, B, cache, update, sr, fused});
-                  }
+    if (!pick(opt.op, fused ? "fused" : "decode")) continue;
+    for (const Model& m : kModels) {
+      if (!pick(opt.model, m.name)) continue;
+      // Qwen3.5 moves twice the bytes per row: by default its rows are T = 1 only.
+      const bool big = std::string(m.name) == "qwen3.5";
+      std::vector<int> Ts = opt.T, Bs = opt.B;
+      if (Ts.empty()) Ts = opt.quick || big ? std::vector<int>{1} : std::vector<int>{1, 2, 4};
+      if (Bs.empty()) Bs = opt.quick ? std::vector<int>{8, 128} : std::vector<int>{8, 32, 128};
+      for (DLDataType st : kStates) {
+        if (!pick(opt.state, state_name(st))) continue;
+        for (bool kv : {false, true}) {
+          if (opt.layout == "vk" && kv) continue;
+          if (opt.layout == "kv" && !kv) continue;
+          for (Mode mode : modes)
+            for (int T : Ts)
+              for (int B : Bs)
+                for (bool cache : {false, true})
+                  for (bool update : {true, false})
+                    for (bool sr : {false, true}) {
+                      if (T == 1 && (cache || !update)) continue;  // cache/update sweep only for T > 1
+                      if (!pick(opt.cache, cache ? "on" : "off")) continue;
+                      if (!pick(opt.update, update ? "on" : "off")) continue;
+                      if (!pick(opt.rounding, sr ? "stochastic" : "nearest")) continue;
+                      if (sr && st.bits == 32) continue;  // fp32 stores never round
+                      out.push_back(Config{&m, st, kv, mode, T, B, cache, update, sr, fused});
+                    }
+        }
       }
     }
-  }
   }
   return out;
 }
@@ -456,8 +452,8 @@ int cpu_bench_main(const BenchOptions& opt) {
       const Result r = run_config(c, opt, llc, copy0, 1000 + i);
       results.push_back(r);
       std::printf("%-6s %-10s %-5s %-3s %-5s %3d %4d %-5s %-6s %10.1f %7.2f %5.1f%% %10.1f %5.2f %5s\n",
-                  c.fused ? "fused" : "decode", c.model->name, state_name(c.state), c.layout_kv ? "KV" : "VK", mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off",
-                  c.update ? "on" : "off", r.us, r.gbs, 100.0 * r.gbs / copy0, r.floor_us, r.busy,
+                  c.fused ? "fused" : "decode", c.model->name, state_name(c.state), c.layout_kv ? "KV" : "VK",
+                  mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off", c.update ? "on" : "off", r.us, r.gbs, 100.0 * r.gbs / copy0, r.floor_us, r.busy,
                   c.stochastic ? "sr" : "rne");
       std::fflush(stdout);
     } catch (const std::exception& e) {

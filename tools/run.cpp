@@ -89,6 +89,7 @@ struct Mem {
   bool gpu = false;
   Mem() = default;
   Mem(size_t n, bool on_gpu) : bytes(n), gpu(on_gpu) {
+    if (n == 0) return;  // an unused buffer (null; never copied)
 #ifdef GDN_WITH_CUDA
     if (gpu) {
       if (cudaMalloc(&ptr, n) != cudaSuccess) throw std::runtime_error("cudaMalloc failed for " + std::to_string(n) + " bytes");
@@ -246,10 +247,11 @@ int run(const Options& opt) {
 
   // --fused: the conv pool (random, as after some history), the conv taps, z and the norm
   // weight, all in the inputs' dtype; the packed buffer becomes mixed_qkv.
-  const size_t conv_slot_bytes = opt.fused ? qkv_w * kConvL * elsize(idt) : 0;
-  Mem conv_pool(P * conv_slot_bytes, gpu), conv_w_d(qkv_w * kConvW * elsize(idt), gpu), norm_w_d(V * elsize(idt), gpu);
-  std::vector<uint8_t> conv_w_h(qkv_w * kConvW * elsize(idt)), norm_w_h(V * elsize(idt)), z_h(B * T * HV * V * elsize(idt));
-  Mem z_d(z_h.size(), gpu);
+  const size_t fes = opt.fused ? elsize(idt) : 0;  // element size of the fused-only buffers (0: none)
+  const size_t conv_slot_bytes = qkv_w * kConvL * fes;
+  std::vector<uint8_t> conv_w_h(qkv_w * kConvW * fes), norm_w_h(V * fes), z_h(B * T * HV * V * fes);
+  Mem conv_pool(P * conv_slot_bytes, gpu), conv_w_d(conv_w_h.size(), gpu), norm_w_d(norm_w_h.size(), gpu),
+      z_d(z_h.size(), gpu);
   FusedDecodeArgs fargs;
   if (opt.fused) {
     std::vector<uint8_t> chunk(conv_slot_bytes);

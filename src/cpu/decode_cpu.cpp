@@ -64,17 +64,12 @@ void run_item(const Problem& p, int64_t item, int64_t parts, int64_t width, cons
 }
 
 void run_all(const Problem& p) {
-  const int64_t threads = max_threads();
   const int64_t parts = parts_per_head(p);
   const int64_t width = p.V / parts;
   const int64_t items = p.B * p.HV * parts;
-  // Items in chunks of consecutive heads, up to a whole row (its slot's heads are adjacent in
-  // a compact pool), at least four chunks per thread, handed out dynamically (padding rows
-  // cost nothing, so equal shares are not equal work). A thread then streams through
-  // contiguous state: with one head at a time the two cores took alternate heads, the
-  // hardware prefetchers of each ran into its neighbour's head, and 16-bit states moved
-  // 23-27 GB/s instead of 35-38 (Qwen3-Next, 2 threads).
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(p.HV * parts, items / (4 * threads)));
+  // Chunks of consecutive heads (cpu::item_chunk), handed out dynamically: padding rows cost
+  // nothing, so equal shares are not equal work.
+  const int64_t chunk = cpu::item_chunk(items, p.HV * parts);
   const cpu::StateRounding rounding = cpu::state_rounding(p);
 #pragma omp parallel for schedule(dynamic, chunk)
   for (int64_t item = 0; item < items; ++item) run_item(p, item, parts, width, rounding);

@@ -16,9 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "../backends.h"
 #include "../host_dtype.h"
@@ -32,7 +29,7 @@ constexpr int kMaxWin = kMaxConvL + cpu::kMaxT;  // window columns: L old + T ne
 constexpr int kPlane = cpu::kMaxDim;             // channels per plane (K, V <= 256)
 
 // A thread's buffers: the recurrence's, and the conv's planes (win[j]: window column j of the
-// plane's channels; w[k]: tap k; bias; norm: z and norm_weight of one head).
+// plane's channels; w[k]: tap k; bias; norm: z of one head and token, norm_weight).
 struct Workspace {
   cpu::StepInputs in;
   cpu::StepOutput out;
@@ -41,7 +38,6 @@ struct Workspace {
   alignas(64) float w[4][kPlane];
   alignas(64) float taps[4 * kPlane];  // a plane's row-major taps before they are split by tap
   alignas(64) float bias[kPlane];
-  alignas(64) float y[cpu::kMaxT][kPlane];
   alignas(64) float nw[kPlane];
   alignas(64) float z[kPlane];
 };
@@ -145,9 +141,10 @@ void load_window(const FusedProblem& f, int64_t n, int64_t slot, int64_t d0, int
     load_plane(f.x.data, f.x.dtype, n * f.x.s[0] + t * f.x.s[1] + d0 * f.x.s[2], f.x.s[2], cnt, ws.win[f.L + t]);
 }
 
-// The conv outputs of channels [d0, d0 + cnt) of row n:
-// ws.y[t][c] = silu(bias + sum_k weight[d0 + c, k] * window[L + t - (W - 1) + k]) for t < T.
-void conv_plane(const FusedProblem& f, int64_t n, int64_t slot, int64_t d0, int64_t cnt, Workspace& ws) {
+// The conv outputs of channels [d0, d0 + cnt) of row n, into a StepInputs array (q, k or v):
+// y[t][c] = silu(bias + sum_k weight[d0 + c, k] * window[L + t - (W - 1) + k]) for t < T.
+void conv_plane(const FusedProblem& f, int64_t n, int64_t slot, int64_t d0, int64_t cnt, Workspace& ws,
+                float (*y_out)[cpu::kMaxDim]) {
   load_window(f, n, slot, d0, cnt, ws);
   const Ptr& cw = f.conv_weight;
   if (cw.s[1] == 1 && cw.s[0] == f.W) {  // row-major [D, W]: the plane's taps are one run
@@ -173,7 +170,7 @@ void conv_plane(const FusedProblem& f, int64_t n, int64_t slot, int64_t d0, int6
     std::fill(ws.bias, ws.bias + cnt, 0.f);
   }
   for (int64_t t = 0; t < f.step.T; ++t) {
-    float* const y = ws.y[t];
+    float* const y = y_out[t];
     std::copy(ws.bias, ws.bias + cnt, y);
     for (int64_t k = 0; k < f.W; ++k) {
       const float* const x = ws.win[f.L + t - (f.W - 1) + k];
@@ -184,17 +181,11 @@ void conv_plane(const FusedProblem& f, int64_t n, int64_t slot, int64_t d0, int6
   }
 }
 
-// dst[t][c] <- ws.y[t][c] for the call's tokens (StepInputs' rows).
-void take_outputs(const Workspace& ws, int64_t T, int64_t cnt, float (*dst)[cpu::kMaxDim]) {
-  for (int64_t t = 0; t < T; ++t) std::memcpy(dst[t], ws.y[t], sizeof(float) * cnt);
-}
-
-// o[t] <- o[t] * rsqrt(mean(o[t]^2) + eps) * norm_weight * silu(z[n, t, hv]) for every token.
+// o[t] <- o[t] * rsqrt(mean(o[t]^2) + eps) * norm_weight * silu(z[n, t, hv]) for every token;
+// ws.nw holds norm_weight.
 void gated_norm(const FusedProblem& f, int64_t n, int64_t hv, Workspace& ws) {
   const Problem& p = f.step;
   const int64_t V = p.V;
-  const Ptr& nw = f.norm_weight;
-  load_plane(nw.data, nw.dtype, 0, nw.s[0], V, ws.nw);
   for (int64_t t = 0; t < p.T; ++t) {
     float* const o = ws.out.o[t];
     float ss = 0.f;
@@ -217,17 +208,16 @@ void run_group(const FusedProblem& f, int64_t n, int64_t h, const RowSlots& rs, 
   cpu::StepInputs& in = ws.in;
   in.t0 = 0;
   in.nt = T;
-  conv_plane(f, n, rs.read, h * K, K, ws);
-  take_outputs(ws, T, K, in.q);
-  conv_plane(f, n, rs.read, (p.H + h) * K, K, ws);
-  take_outputs(ws, T, K, in.k);
+  conv_plane(f, n, rs.read, h * K, K, ws, in.q);
+  conv_plane(f, n, rs.read, (p.H + h) * K, K, ws, in.k);
   for (int64_t t = 0; t < T; ++t) {
     cpu::normalize_qk(in.q[t], K, p.scale, p.use_qk_l2norm);
     cpu::normalize_qk(in.k[t], K, 1.f, p.use_qk_l2norm);
   }
+  const Ptr& nw = f.norm_weight;
+  if (nw.data != nullptr) load_plane(nw.data, nw.dtype, 0, nw.s[0], V, ws.nw);
   for (int64_t hv = h * group; hv < (h + 1) * group; ++hv) {
-    conv_plane(f, n, rs.read, 2 * p.H * K + hv * V, V, ws);
-    take_outputs(ws, T, V, in.v);
+    conv_plane(f, n, rs.read, 2 * p.H * K + hv * V, V, ws, in.v);
     for (int64_t t = 0; t < T; ++t) cpu::step_gates(p, n, t, hv, &in.g[t], &in.beta[t]);
     cpu::step_head(p, n, hv, rs, in, 0, V, ws.out, ws.carry, rounding);
     if (f.norm_weight.data != nullptr) gated_norm(f, n, hv, ws);
@@ -264,15 +254,7 @@ void fused_decode_cpu(const FusedProblem& f) {
   const int64_t items = p.B * p.H;
   const int64_t group = p.HV / p.H;
   const cpu::StateRounding rounding = cpu::state_rounding(p);
-  // Chunks of consecutive q/k heads, up to a whole row, at least four per thread, as decode
-  // hands out its heads (decode_cpu.cpp): each thread streams through contiguous state, which
-  // its hardware prefetcher follows.
-#ifdef _OPENMP
-  const int64_t threads = omp_get_max_threads();
-#else
-  const int64_t threads = 1;
-#endif
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(p.H, items / (4 * threads)));
+  const int64_t chunk = cpu::item_chunk(items, p.H);  // consecutive q/k heads, as decode's
 #pragma omp parallel for schedule(dynamic, chunk)
   for (int64_t item = 0; item < items; ++item) {
     const int64_t n = item / p.H, h = item % p.H;

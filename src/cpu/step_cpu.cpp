@@ -25,6 +25,9 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace gdn::detail::cpu {
 
@@ -419,6 +422,15 @@ bool use_avx2() {
 }  // namespace
 
 const char* cpu_simd_name() { return use_avx2() ? "avx2" : "portable"; }
+
+int64_t item_chunk(int64_t items, int64_t per_row) {
+#ifdef _OPENMP
+  const int64_t threads = omp_get_max_threads();
+#else
+  const int64_t threads = 1;
+#endif
+  return std::max<int64_t>(1, std::min<int64_t>(per_row, items / (4 * threads)));
+}
 
 #if GDN_CPU_X86
 #define GDN_CPU_DISPATCH(fn, ...) (use_avx2() ? avx2::fn(__VA_ARGS__) : portable::fn(__VA_ARGS__))
