@@ -216,6 +216,73 @@ TEST_P(Fused, LargeGvaGroups) {
   }
 }
 
+// Serving batches of the engines' layout (VK, K = 128, the conv's 16-byte path): B = 34 rows of
+// Qwen3-Next hold 35.7 MB of bf16 state, so on CUDA the group kernel (fused_group.cuh: one block
+// per row and q/k head, the GVA group's state streamed through stage buffers) runs wherever the
+// GPU has at most 145 SMs (plan_fused_group: 240 KiB of state per SM). Every state dtype,
+// T = 1..4, each addressing family, the cache, stochastic rounding, the norm with and without its
+// gate and without it, GVA groups of 2 and 4. (scripts/gpu_check.sh also runs the fused suites
+// with the group kernel forced wherever it applies.)
+TEST_P(Fused, ServingBatchOneBlockPerQkHead) {
+  if (backend() == Backend::kCpu)
+    GTEST_SKIP() << "sized for the CUDA group kernel (a minute of oracle time on two cores); the CPU fused step's "
+                    "paths are covered by FusedMatrix at smaller shapes";
+  GDN_SEED();
+  struct Variant {
+    const char* name;
+    std::function<void(Config&)> set;
+  };
+  const Variant variants[] = {
+      {"bf16 pool T=1 vLLM pages, bias, conv_inter, padding",
+       [](Config& c) {
+         c.strides = StrideMode::kPage;
+         c.conv_bias = true;
+         c.padding = true;
+       }},
+      {"fp32 accepted T=3 inter, norm without gate",
+       [](Config& c) {
+         c.state_dtype = kFloat32;
+         c.T = 3;
+         c.addressing = Addressing::kAccepted;
+         c.inter = InterMode::kCompact;
+         c.gate_z = false;
+       }},
+      {"fp16 per-token T=3, no norm",
+       [](Config& c) {
+         c.state_dtype = kFloat16;
+         c.T = 3;
+         c.addressing = Addressing::kPerToken;
+         c.norm = c.gate_z = false;
+       }},
+      {"bf16 split T=2 GVA 4 (Qwen3.5), raw precomputed gates",
+       [](Config& c) {
+         c.HV = 64;
+         c.T = 2;
+         c.addressing = Addressing::kSplit;
+         c.gates = GateForm::kPrecomputed;
+       }},
+      {"bf16 pool T=2 stochastic rounding, fp32 output",
+       [](Config& c) {
+         c.T = 2;
+         c.rounding_seed = 20261127;
+         c.out_dtype = kFloat32;
+       }},
+      {"bf16 pool T=1 update_state false", [](Config& c) { c.update_state = false; }},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    Config cfg = base(Addressing::kPool, 34, 1);
+    cfg.H = 16;
+    cfg.HV = 32;
+    cfg.K = cfg.V = 128;
+    cfg.state_dtype = kBFloat16;
+    cfg.conv_inter = false;
+    v.set(cfg);
+    run_and_compare(backend(), make_case(cfg, seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST_P(Fused, PaddingAndBadSlotsTouchNeitherPool) {
   GDN_SEED();
   Config cfg = base(Addressing::kPerToken, 5, 3);

@@ -445,6 +445,7 @@ struct Geometry {
   bool prefetch = true; // tile kernels: L2-prefetch the state before pdl_wait (GDN_CUDA_PREFETCH)
   bool conv_vec = false; // fused step: the conv's 16-byte path (fused.cuh, fused_conv_vec_ok)
   bool norm_vec = false; // fused step: the norm's inputs by 16-byte cp.async (fused_norm_vec_ok)
+  int buffers = 0;       // fused group kernel: state stage buffers (fused_group.cuh)
 };
 
 struct StageSmem {
@@ -622,6 +623,16 @@ __device__ __forceinline__ TokScalars token_scalars(const Problem& p, float sqq,
   return {rqs, rk, sqk * rqs * rk};
 }
 
+// Sums of q^2, k^2 and q k over the 32 lanes of a warp, on every lane.
+__device__ __forceinline__ void warp_sum_qk(float& sqq, float& skk, float& sqk) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    sqq += __shfl_xor_sync(0xffffffffu, sqq, off);
+    skk += __shfl_xor_sync(0xffffffffu, skk, off);
+    sqk += __shfl_xor_sync(0xffffffffu, sqk, off);
+  }
+}
+
 template <int K, int kThreads, typename QK, bool kQk16, typename Pos>
 __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry& geo,
                                                 const StageSmem& sm, int tc, int nc, Pos pos) {
@@ -650,12 +661,7 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
       skk = fmaf(kf, kf, skk);
       sqk = fmaf(qf, kf, sqk);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      sqq += __shfl_xor_sync(0xffffffffu, sqq, off);
-      skk += __shfl_xor_sync(0xffffffffu, skk, off);
-      sqk += __shfl_xor_sync(0xffffffffu, sqk, off);
-    }
+    warp_sum_qk(sqq, skk, sqk);
     if (lane == 0) {
       const TokScalars ts = token_scalars(p, sqq, skk, sqk);
       sm.tok[t * kTokScalars + 0] = ts.rqs;
@@ -728,6 +734,7 @@ struct LaunchPlan {
   bool vec = true;          // 16-byte state accesses allowed
   bool pdl = true;          // programmatic dependent launch attribute
   int cluster = 1;          // fused step: blocks per thread-block cluster (fused.cuh)
+  bool group = false;       // fused step: the group kernel (fused_group.cuh) instead of a cluster
   Geometry geo;
 };
 

@@ -1,6 +1,7 @@
 // CUDA backend entry: picks the kernel instantiation and launch geometry for one call.
 // O(1) host work: no device-property queries after the first call per device, no
 // allocation, no synchronization, so it can be captured into a CUDA graph.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -199,11 +200,12 @@ size_t fused_extra_bytes(const FusedProblem* f, int nc, int tiles) {
                                                                  f->norm_weight.data != nullptr));
 }
 
-// The conv's 16-byte path (fused.cuh): mixed_qkv, the conv state (and conv_inter) and the taps
-// (and bias) of one 16-bit dtype; mixed_qkv, the conv state, conv_inter and the bias contiguous
-// along the channels and the taps row-major [D, W]; every other stride a multiple of 8 elements
-// and every base 16-byte aligned; q/k slices of a multiple of 8 channels.
-bool fused_conv_vec_ok(const FusedProblem& f, int tiles) {
+// The conv's 16-byte path (fused.cuh, fused_group.cuh): mixed_qkv, the conv state (and
+// conv_inter) and the taps (and bias) of one 16-bit dtype; mixed_qkv, the conv state, conv_inter
+// and the bias contiguous along the channels and the taps row-major [D, W]; every other stride a
+// multiple of 8 elements and every base 16-byte aligned; q/k slices of a multiple of 8 channels
+// (the cluster form's C = HV/H x tiles blocks each take one; the group kernel's C = 1).
+bool fused_conv_vec_ok(const FusedProblem& f, int64_t C) {
   const Problem& p = f.step;
   const DType dt = f.x.dtype;
   if (dt == DType::kF32 || f.conv_state.dtype != dt || f.conv_weight.dtype != dt) return false;
@@ -219,7 +221,6 @@ bool fused_conv_vec_ok(const FusedProblem& f, int tiles) {
       (!aligned(f.conv_inter.data) || f.conv_inter.s[2] != 1 || !mult8(f.conv_inter.s[0]) ||
        !mult8(f.conv_inter.s[1]) || !mult8(f.conv_inter.s[3])))
     return false;
-  const int64_t C = p.HV / p.H * tiles;
   return (2 * p.K) % C == 0 && mult8(2 * p.K / C);
 }
 
@@ -556,12 +557,74 @@ int compute_capability_major() {
   return v;
 }
 
+// The group kernel (fused_group.cuh): one block per (row, q/k head) streaming its GVA group's
+// state through NB stage buffers of kGroupRows rows; VK, K = 128, the conv's 16-byte layout,
+// T <= kMaxChunk. Against the cluster form, measured on the H100 (Qwen3-Next and Qwen3.5, pool,
+// T = 1, 2, 4, B = 4..256, one call per comparison; docs/design.md): it needs a grid of at least
+// 1.5 blocks per SM (B * H = 128 blocks lost everywhere but Qwen3.5 fp32 T = 2: Qwen3.5 bf16 T = 2
+// B = 8 20.8 -> 27.9 us, fp32 T = 4 B = 8 37.6 -> 40.6), and then at T <= 3 at least
+// kGroupMinStateBytesPerSm of state per SM (Qwen3-Next bf16 B = 16, 16 MB: T = 1 16.3 -> 17.8,
+// T = 2 18.6 -> 22.2; from 32 MB faster or level: fp32 B = 16 31.2 -> 24.2, Qwen3.5 bf16 B = 16
+// 33.7 -> 29.2, Qwen3-Next bf16 B = 64 58.8 -> 52.1, B = 32 level), at T >= 4 none (Qwen3-Next bf16
+// B = 16 38.5 -> 31.2). Below, the cluster form's more, smaller blocks fill the GPU sooner.
+//   GDN_CUDA_FUSED_GROUP=0|1|2  0 never, 2 wherever it applies (the GPU tests force it), 1
+//                               (default) by the rule above.
+// Stage buffers: three of 16 KB for 16-bit states (two: 53.0 us at bf16 B = 64, three 51.7, four
+// 57.1 at two blocks per SM instead of three), two of 32 KB for fp32 (one to four within 1% at
+// Qwen3-Next, three and four 4-5% slower at Qwen3.5 B = 64).
+int fused_group_mode() {
+  static const int v = env_int("GDN_CUDA_FUSED_GROUP", 1);
+  return v;
+}
+constexpr int64_t kGroupMinStateBytesPerSm = 240 * 1024;
+
+template <typename S>
+bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
+  const Problem& p = f.step;
+  const int mode = fused_group_mode();
+  if (mode == 0 || p.layout_kv || p.K != 128 || p.V % kGroupRows != 0 || p.T > kMaxChunk) return false;
+  if (!fused_conv_vec_ok(f, 1)) return false;
+  const int64_t blocks = p.B * p.H;
+  const int64_t state_bytes = p.B * p.HV * p.V * p.K * static_cast<int64_t>(sizeof(S));
+  const bool pays = 2 * blocks >= 3 * sm_count() && (p.T >= 4 || state_bytes >= kGroupMinStateBytesPerSm * sm_count());
+  if (mode == 1 && !pays) return false;
+  const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
+  const int tiles = V / kGroupRows;
+  const int nb = std::min(sizeof(S) == 4 ? 2 : 3, group * tiles);
+  const bool norm = f.norm_weight.data != nullptr;
+  const bool norm_vec = norm && fused_norm_vec_ok(f, V);
+  const int zb = norm_vec && f.z.data != nullptr ? dtype_bytes_host(f.z.dtype) : 0;
+  const int wb = norm_vec ? dtype_bytes_host(f.norm_weight.dtype) : 0;
+  const FusedGroupSmem lay(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L),
+                           kGroupRows, nb, static_cast<int>(sizeof(S)), norm, zb, wb);
+  if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
+  lp = LaunchPlan{};
+  lp.group = true;
+  lp.tile = true;
+  lp.vec = true;
+  lp.threads = kGroupThreads;
+  lp.rows_per_thread = kGroupRR;
+  lp.blocks = blocks;
+  lp.smem = static_cast<size_t>(lay.total);
+  lp.geo.tile_rows = kGroupRows;
+  lp.geo.tiles = tiles;
+  lp.geo.buffers = nb;
+  lp.geo.chunk = T;
+  lp.geo.qkv_vec = false;
+  lp.geo.conv_vec = true;
+  lp.geo.norm_vec = norm_vec;
+  lp.geo.prefetch = false;  // a grid of several waves (kGroupMinStateBytesPerSm)
+  lp.pdl = pdl_enabled();
+  return true;
+}
+
 template <typename S>
 std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
   if (!vec_ok(p.state, 3, kVecElems<S>) || !vec_ok(p.inter, 4, kVecElems<S>))
     return "fused_decode on CUDA needs 16-byte aligned state and inter rows (data pointers and every "
            "stride but the innermost a multiple of 16 bytes); decode takes unaligned pools";
+  if (plan_fused_group<S>(f, lp)) return {};
   const bool ok = p.layout_kv ? plan_kv_tile<S>(p, lp, &f) : plan_vk_tile<S>(p, lp, &f);
   if (!ok || lp.cluster > kMaxFusedCluster || (lp.cluster > 8 && lp.smem > kBigClusterSmemMax))
     return "fused_decode on CUDA needs every block of one row and q/k head (HV/H = " + std::to_string(p.HV / p.H) +
@@ -570,7 +633,7 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
   lp.geo.qkv_vec = false;  // the conv loads the new inputs itself (stage_issue never runs)
-  lp.geo.conv_vec = fused_conv_vec_ok(f, lp.geo.tiles);
+  lp.geo.conv_vec = fused_conv_vec_ok(f, p.HV / p.H * lp.geo.tiles);
   lp.pdl = pdl_enabled();
   lp.geo.prefetch = prefetch_enabled() && one_wave(lp.blocks);
   return {};

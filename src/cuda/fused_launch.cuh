@@ -3,6 +3,7 @@
 // decode_cuda.cu (plan_fused).
 #pragma once
 
+#include "fused_group.cuh"
 #include "kv.cuh"
 #include "vk.cuh"
 
@@ -11,6 +12,13 @@ namespace gdn::detail::cuda {
 template <typename S, int K, bool kNorm>
 cudaError_t launch_fused_vk_k(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
   using Fz = Fuse<kNorm>;
+  if (lp.group) {
+    if constexpr (K == 128) {
+      return launch_tile_kernel<fused_group_kernel<S, K, kNorm>>(f, lp, stream);
+    } else {
+      return cudaErrorInvalidConfiguration;  // planned for K = 128 only
+    }
+  }
   switch (lp.rows_per_thread) {
     case 4:
       return launch_tile_kernel<decode_vk_tile_kernel<S, K, 4, false, Fz>>(f, lp, stream);
@@ -38,13 +46,21 @@ cudaError_t launch_fused_kv_k(const FusedProblem& f, const LaunchPlan& lp, cudaS
 
 template <typename S, bool kKv, bool kNorm>
 cudaError_t launch_fused_norm(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
+  // if constexpr: each translation unit (fused_<dtype>_<layout>.cu) compiles its layout's kernels only.
+  const auto by_k = [&](auto k) {
+    if constexpr (kKv) {
+      return launch_fused_kv_k<S, decltype(k)::value, kNorm>(f, lp, stream);
+    } else {
+      return launch_fused_vk_k<S, decltype(k)::value, kNorm>(f, lp, stream);
+    }
+  };
   switch (f.step.K) {
     case 64:
-      return kKv ? launch_fused_kv_k<S, 64, kNorm>(f, lp, stream) : launch_fused_vk_k<S, 64, kNorm>(f, lp, stream);
+      return by_k(std::integral_constant<int, 64>{});
     case 128:
-      return kKv ? launch_fused_kv_k<S, 128, kNorm>(f, lp, stream) : launch_fused_vk_k<S, 128, kNorm>(f, lp, stream);
+      return by_k(std::integral_constant<int, 128>{});
     default:
-      return kKv ? launch_fused_kv_k<S, 256, kNorm>(f, lp, stream) : launch_fused_vk_k<S, 256, kNorm>(f, lp, stream);
+      return by_k(std::integral_constant<int, 256>{});
   }
 }
 

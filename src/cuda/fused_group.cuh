@@ -1,0 +1,379 @@
+// The fused step's group kernel (gdn::fused_decode, docs/semantics.md section 6) for grids that
+// fill the GPU: one block per (row n, q/k head h), no thread-block cluster.
+//
+// The cluster form (fused.cuh on the tile kernels) pays the conv, the q/k norms and the
+// exchange once per block of a (row, q/k head), and a block holds its SM slot through phases
+// with no state bytes in flight (docs/design.md, "The fused step on an H200"). Here one block
+// owns the whole GVA group of h: it convolves the 2K q/k channels and the group's v channels
+// once, writes their conv state (it alone reads and writes those channels, so an in-place update
+// cannot race), and then streams the group's state through a ring of NB shared-memory buffers
+// of RT rows each ("stages": RT rows of one value head), the next stages landing while the
+// current one computes. The conv itself runs while the first NB stages are in flight.
+//
+// The engines' layout only (host: plan_fused_group): VK state, K = 128, 16-byte state rows, the
+// conv's 16-byte path (mixed_qkv, conv state and taps of one 16-bit dtype, channels contiguous).
+// Other calls take the cluster form.
+#pragma once
+
+#include "vk.cuh"
+
+namespace gdn::detail::cuda {
+
+constexpr int kGroupThreads = kVkThreads;
+constexpr int kGroupRR = 4;                                   // state rows per thread
+constexpr int kGroupRows = kGroupRR * (kGroupThreads / 8);    // RT at K = 128: 64 rows, one pass
+constexpr int kGroupMaxBuffers = 4;
+
+// Byte offsets of the block's shared memory, each region 16-byte aligned. Host and device build
+// it from the same numbers (plan_fused_group, fused_group_kernel).
+struct FusedGroupSmem {
+  int buf = 0;   // [NB][RT][K] state stages, S
+  int q, k;      // [T][K] fp32 conv outputs at VkShape::Pos positions
+  int v;         // [T][group * V] fp32
+  int tok;       // [group][T][kTokScalars]
+  int win;       // uint4 [wl][G8] raw windows, [G8][W] taps, [G8] bias
+  int o;         // [group][T][V] fp32 raw outputs (norm only)
+  int z;         // [group][T][V] raw z (norm with 16-byte rows and a gate)
+  int wn;        // [V] raw norm_weight (norm with 16-byte rows)
+  int fac;       // [group][T] the norm's factors
+  int ws;        // int64 [T] conv write slots
+  int total;
+  int G8;        // groups of 8 conv channels: (2K + group V) / 8
+  int wl;        // window rows: old columns first..L-1, then the T inputs
+  static constexpr __host__ __device__ int up16(int b) { return (b + 15) / 16 * 16; }
+  __host__ __device__ FusedGroupSmem(int K, int V, int group, int T, int W, int L, int rt, int nb, int state_bytes,
+                                     bool norm, int z_bytes, int wn_bytes) {
+    G8 = (2 * K + group * V) / 8;
+    wl = L - conv_first_col(L, W) + T;
+    q = up16(nb * rt * K * state_bytes);
+    k = q + up16(T * K * 4);
+    v = k + up16(T * K * 4);
+    tok = v + up16(T * group * V * 4);
+    win = tok + up16(group * T * kTokScalars * 4);
+    o = win + G8 * 16 * (wl + W + 1);
+    z = o + (norm ? up16(group * T * V * 4) : 0);
+    wn = z + (norm ? up16(group * T * V * z_bytes) : 0);
+    fac = wn + (norm ? up16(V * wn_bytes) : 0);
+    ws = fac + (norm ? up16(group * T * 4) : 0);
+    total = ws + kMaxChunk * 8;
+  }
+};
+
+// Waits until at most n (0..kGroupMaxBuffers) of this thread's committed cp.async groups are
+// pending.
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+  static_assert(kGroupMaxBuffers == 4);
+  switch (n) {
+    case 0:
+      cp_async_wait_group<0>();
+      break;
+    case 1:
+      cp_async_wait_group<1>();
+      break;
+    case 2:
+      cp_async_wait_group<2>();
+      break;
+    case 3:
+      cp_async_wait_group<3>();
+      break;
+    default:
+      cp_async_wait_group<4>();
+      break;
+  }
+}
+
+// The conv channel of the block's channel c (q: [0, K), k: [K, 2K), v: the group's [2K, 2K + group V)).
+__device__ __forceinline__ int64_t group_channel(const Problem& p, int64_t h, int c) {
+  const int64_t K = p.K;
+  return c < K ? h * K + c : c < 2 * K ? (p.H + h) * K + (c - K) : 2 * p.H * K + h * (p.HV / p.H) * p.V + (c - 2 * K);
+}
+
+// The conv and SiLU of channels 2 * sub, +1 of 8-channel group g at token t (the inputs landed):
+// q and k at their Pos positions, v in order.
+template <typename S, int K, int kW>
+__device__ __forceinline__ void group_conv_item(const FusedProblem& f, const FusedGroupSmem& lay, char* base, int g,
+                                                int sub, int t, int gV) {
+  const int G8 = lay.G8;
+  const DType dt = f.x.dtype;
+  const uint32_t* const win = reinterpret_cast<const uint32_t*>(base + lay.win);  // word (row * G8 + g) * 4 + sub
+  const uint32_t* const taps = win + lay.wl * G8 * 4 + g * kW * 4 + sub * kW;
+  float tw[2 * kW];
+#pragma unroll
+  for (int k = 0; k < kW; ++k) unpack2(taps[k], dt, tw + 2 * k);
+  float acc[2] = {0.f, 0.f};
+  if (f.conv_bias.data != nullptr) unpack2((win + lay.wl * G8 * 4 + G8 * kW * 4)[g * 4 + sub], dt, acc);
+  const int row0 = static_cast<int>(f.L) - (kW - 1) - conv_first_col(static_cast<int>(f.L), kW) + t;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) {
+    float x[2];
+    unpack2(win[((row0 + k) * G8 + g) * 4 + sub], dt, x);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) acc[i] = fmaf(tw[i * kW + k], x[i], acc[i]);
+  }
+  const float2 y = make_float2(acc[0] / (1.f + expf(-acc[0])), acc[1] / (1.f + expf(-acc[1])));
+  const int c = g * 8 + 2 * sub;
+  using Pos = typename VkShape<S, K, 1>::Pos;
+  float* dst;
+  if (c < K) {
+    dst = reinterpret_cast<float*>(base + lay.q) + t * K + Pos{}(c);  // c, c + 1 adjacent (even c)
+  } else if (c < 2 * K) {
+    dst = reinterpret_cast<float*>(base + lay.k) + t * K + Pos{}(c - K);
+  } else {
+    dst = reinterpret_cast<float*>(base + lay.v) + t * gV + (c - 2 * K);
+  }
+  *reinterpret_cast<float2*>(dst) = y;
+}
+
+// Three resident blocks per SM (168 registers): a cap of 128 for four was slower everywhere
+// (bf16 B = 64 52.5 -> 60.8 us, fp32 83.1 -> 89.4; docs/design.md).
+template <typename S, int K, bool kNorm>
+__global__ void __launch_bounds__(kGroupThreads, 3)
+    fused_group_kernel(const __grid_constant__ FusedProblem f, const Geometry geo) {
+  constexpr int NT = kGroupThreads, RR = kGroupRR;
+  using Sh = VkShape<S, K, 1>;
+  constexpr int VE = Sh::VE, NV = Sh::NV, L = Sh::L, G = Sh::G, PR = K / VE;
+  static_assert(G * RR == kGroupRows || K != 128);
+  const Problem& p = f.step;
+  const int T = static_cast<int>(p.T), V = static_cast<int>(p.V), W = static_cast<int>(f.W);
+  const int Lc = static_cast<int>(f.L);
+  const int group = static_cast<int>(p.HV / p.H);
+  const int gV = group * V;
+  const int RT = geo.tile_rows, tiles = geo.tiles, NB = geo.buffers, NS = group * tiles;
+  const bool norm_vec = kNorm && geo.norm_vec;
+  const int zs = f.z.dtype == DType::kF32 ? 4 : 2, wns = f.norm_weight.dtype == DType::kF32 ? 4 : 2;
+  const FusedGroupSmem lay(K, V, group, T, W, Lc, RT, NB, static_cast<int>(sizeof(S)), kNorm,
+                           norm_vec && f.z.data != nullptr ? zs : 0, norm_vec ? wns : 0);
+
+  extern __shared__ float4 smem4[];
+  char* const base = reinterpret_cast<char*>(smem4);
+  S* const buf = reinterpret_cast<S*>(base + lay.buf);
+  float* const q_s = reinterpret_cast<float*>(base + lay.q);
+  float* const k_s = reinterpret_cast<float*>(base + lay.k);
+  float* const v_s = reinterpret_cast<float*>(base + lay.v);
+  float* const tok_s = reinterpret_cast<float*>(base + lay.tok);
+  uint4* const win = reinterpret_cast<uint4*>(base + lay.win);
+  float* const o_s = reinterpret_cast<float*>(base + lay.o);
+  float* const fac_s = reinterpret_cast<float*>(base + lay.fac);
+  int64_t* const ws_s = reinterpret_cast<int64_t*>(base + lay.ws);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+  const int rg = tid / L, j = tid % L;  // row group and lane within the row (VkShape)
+  const uint32_t bx = blockIdx.x, H32 = static_cast<uint32_t>(p.H);
+  const int64_t n = bx / H32, h = bx - static_cast<uint32_t>(n) * H32;
+  const int64_t hv0 = h * group;
+  const int G8 = lay.G8, first = conv_first_col(Lc, W), lc = Lc - first;
+
+  warm_params(f);
+  pdl_wait();
+  pdl_launch_dependents();
+
+  // What does not depend on the slot, first: the new conv inputs, taps and bias, the norm's rows.
+  {
+    uint4* const taps = win + lay.wl * G8;
+    uint4* const bias = taps + G8 * W;
+    for (int g = tid; g < G8; g += NT) {
+      const int64_t d = group_channel(p, h, g * 8);
+      const char* const xs = static_cast<const char*>(f.x.data) + (n * f.x.s[0] + d) * 2;
+      for (int t = 0; t < T; ++t) cp_async16(win + (lc + t) * G8 + g, xs + t * f.x.s[1] * 2);
+      const char* const wsrc = static_cast<const char*>(f.conv_weight.data) + d * W * 2;
+      for (int k = 0; k < W; ++k) cp_async16(taps + g * W + k, wsrc + k * 16);
+      if (f.conv_bias.data != nullptr) cp_async16(bias + g, static_cast<const char*>(f.conv_bias.data) + d * 2);
+    }
+    if constexpr (kNorm) {
+      if (norm_vec) {
+        const int per = V * wns / 16;
+        const char* const w = static_cast<const char*>(f.norm_weight.data);
+        for (int i = tid; i < per; i += NT) cp_async16(base + lay.wn + i * 16, w + i * 16);
+        if (f.z.data != nullptr) {
+          const int zper = V * zs / 16;  // pieces per (head, token) row
+          for (int i = tid; i < group * T * zper; i += NT) {
+            const int c = i % zper, ht = i / zper, t = ht % T, hi = ht / T;
+            const char* const z =
+                static_cast<const char*>(f.z.data) + (n * f.z.s[0] + t * f.z.s[1] + (hv0 + hi) * f.z.s[2]) * zs;
+            cp_async16(base + lay.z + i * 16, z + c * 16);
+          }
+        }
+      }
+    }
+  }
+  cp_async_commit();
+  GateInputs gin;
+  const int gh = tid / T, gt = tid - gh * T;  // the (head, token) whose gates this thread loads
+  if (tid < group * T) gin = load_gate_inputs(p, n, gt, hv0 + gh);
+
+  const WarpSlots slots = resolve_row_warp(p, n, lane);
+  if (slots.read < 0) {
+    cp_async_wait_all();  // no copy may land in shared memory after the block has exited
+    for (int i = 0; i < group; ++i) finish_padded_row<NT>(p, slots, n, hv0 + i, 0, 0, V);
+    return;
+  }
+  // The read slot's conv columns, then the first NB state stages (empty groups past the last
+  // stage keep one group per stage, so the waits below count the same everywhere).
+  for (int g = tid; g < G8; g += NT) {
+    const int64_t d = group_channel(p, h, g * 8);
+    const char* const cs = static_cast<const char*>(f.conv_state.data) + (slots.read * f.conv_state.s[0] + d) * 2;
+    for (int c = 0; c < lc; ++c) cp_async16(win + c * G8 + g, cs + (first + c) * f.conv_state.s[2] * 2);
+  }
+  cp_async_commit();
+  const auto issue_stage = [&](int s) {
+    if (s < NS) {
+      const int hi = s / tiles;
+      const int64_t row0 = static_cast<int64_t>(s - hi * tiles) * RT;
+      const S* const src = static_cast<const S*>(p.state.data) + slots.read * p.state.s[0] +
+                           (hv0 + hi) * p.state.s[1] + row0 * p.state.s[2];
+      S* const dst = buf + (s % NB) * RT * K;
+      for (int i = tid; i < RT * PR; i += NT) {
+        const int r = i / PR, c = i - r * PR;
+        cp_async16(dst + r * K + c * VE, src + r * p.state.s[2] + c * VE);
+      }
+    }
+    cp_async_commit();
+  };
+  for (int s = 0; s < NB; ++s) issue_stage(s);
+
+  if (tid < group * T) {
+    float g, beta;
+    gates_from_inputs(p, gin, g, beta);
+    tok_s[tid * kTokScalars + 3] = g;  // tid = gh * T + gt
+    tok_s[tid * kTokScalars + 4] = beta;
+  }
+  if (warp == 0)
+    for (int t = 0; t < T; ++t) {
+      const int64_t w = warp_token_write_slot(p, slots, n, t);
+      if (lane == 0) ws_s[t] = w;
+    }
+  cp_async_wait_pending(NB);  // this thread's conv inputs and columns landed
+  __syncthreads();
+
+  for (int item = tid; item < G8 * 4 * T; item += NT) {
+    const int sub = item & 3, g = (item >> 2) % G8, t = item / (4 * G8);
+    switch (W) {
+      case 2:
+        group_conv_item<S, K, 2>(f, lay, base, g, sub, t, gV);
+        break;
+      case 3:
+        group_conv_item<S, K, 3>(f, lay, base, g, sub, t, gV);
+        break;
+      default:
+        group_conv_item<S, K, 4>(f, lay, base, g, sub, t, gV);
+        break;
+    }
+  }
+  __syncthreads();  // the conv outputs, the gates and the write slots
+
+  // Per token: the q/k norms and q.k (warp t), shared by the group's heads.
+  for (int t = warp; t < T; t += NT / 32) {
+    float sqq = 0.f, skk = 0.f, sqk = 0.f;
+    for (int e = lane; e < K; e += 32) {
+      const float qf = q_s[t * K + e], kf = k_s[t * K + e];  // same permutation for q and k
+      sqq = fmaf(qf, qf, sqq);
+      skk = fmaf(kf, kf, skk);
+      sqk = fmaf(qf, kf, sqk);
+    }
+    warp_sum_qk(sqq, skk, sqk);
+    const TokScalars ts = token_scalars(p, sqq, skk, sqk);
+    for (int hi = lane; hi < group; hi += 32) {
+      float* const tk = tok_s + (hi * T + t) * kTokScalars;
+      tk[0] = ts.rqs;
+      tk[1] = ts.rk;
+      tk[2] = ts.kq;
+    }
+  }
+  // The conv state after each stored token (and conv_inter): window entry t + 1 + c is column c
+  // after token t. The block alone reads these channels, and it has read them.
+  {
+    const bool inter = f.conv_inter.data != nullptr;
+    for (int g = tid; g < G8; g += NT) {
+      const int64_t d = group_channel(p, h, g * 8);
+      for (int t = 0; t < T; ++t) {
+        const int64_t wsl = ws_s[t];
+        if (wsl < 0 && !inter) continue;
+        char* const cs = static_cast<char*>(f.conv_state.data) + (wsl * f.conv_state.s[0] + d) * 2;
+        char* const ci =
+            static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d) * 2;
+        for (int c = 0; c < Lc; ++c) {
+          const Packed<__half> pk{win[(t + 1 + c - first) * G8 + g]};
+          if (wsl >= 0) store_state_vec<__half, true>(reinterpret_cast<__half*>(cs + c * f.conv_state.s[2] * 2), pk);
+          if (inter) store_state_vec<__half, true>(reinterpret_cast<__half*>(ci + c * f.conv_inter.s[3] * 2), pk);
+        }
+      }
+    }
+  }
+
+  // The stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
+  for (int s = 0; s < NS; ++s) {
+    const int hi = s / tiles;
+    const int64_t hv = hv0 + hi;
+    const int64_t row0 = static_cast<int64_t>(s - hi * tiles) * RT;
+    cp_async_wait_pending(NB - 1);  // stage s landed (this thread's part)
+    __syncthreads();                // every part, and (s = 0) the token scalars
+    const S* const tile = buf + (s % NB) * RT * K;
+    float st[RR][16];
+#pragma unroll
+    for (int r = 0; r < RR; ++r)
+#pragma unroll
+      for (int i = 0; i < NV; ++i) load_state_vec<S, true>(tile + (rg + r * G) * K + (i * L + j) * VE, &st[r][i * VE]);
+    __syncthreads();  // every thread holds its rows: the buffer takes stage s + NB
+    issue_stage(s + NB);
+
+    StageSmem sm{};
+    sm.q = q_s;
+    sm.k = k_s;
+    sm.tok = tok_s + hi * T * kTokScalars;
+    sm.v = v_s;
+    sm.chunk = T;
+    const float* const vrow = v_s + hi * V + row0 + rg;  // token t at + t * gV
+    float* const o_head = o_s + hi * T * V;
+    float gam_acc = 1.f;
+    for (int t = 0; t < T; ++t) {
+      for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
+        vk_step<S, K, RR, true, true, 0, float, kNorm>(p, slots, n, hv, t, row0 + rg, j, st, gam_acc, sm, t,
+                                                       vrow + t * gV, o_head, 0, V);
+      vk_step<S, K, RR, true, false, 0, float, kNorm>(p, slots, n, hv, t, row0 + rg, j, st, gam_acc, sm, t,
+                                                      vrow + t * gV, o_head, 0, V);
+    }
+  }
+
+  // The gated RMSNorm: sums of o^2 per (head, token) (warp e), then o * rsqrt(mean_V(o^2) + eps)
+  // * norm_weight * silu(z). (Per-warp partial sums in the stage loop and each head finished as
+  // soon as its stages were done measured slower: bf16 B = 64 52.5 -> 58.5 us; docs/design.md.)
+  if constexpr (kNorm) {
+    __syncthreads();  // every head's raw outputs
+    for (int e = warp; e < group * T; e += NT / 32) {  // e = head * T + t
+      float ss = 0.f;
+      for (int c = lane; c < V; c += 32) {
+        const float o = o_s[e * V + c];
+        ss = fmaf(o, o, ss);
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      if (lane == 0) fac_s[e] = rsqrtf(ss / static_cast<float>(V) + f.norm_eps);
+    }
+    __syncthreads();
+    for (int i = tid; i < group * T * V; i += NT) {
+      const int c = i % V, e = i / V, t = e % T, hi = e / T;
+      const int64_t hv = hv0 + hi;
+      uint32_t wb, zb = 0;
+      if (norm_vec) {
+        wb = wns == 4 ? reinterpret_cast<const uint32_t*>(base + lay.wn)[c]
+                      : reinterpret_cast<const uint16_t*>(base + lay.wn)[c];
+        if (f.z.data != nullptr)
+          zb = zs == 4 ? reinterpret_cast<const uint32_t*>(base + lay.z)[i]
+                       : reinterpret_cast<const uint16_t*>(base + lay.z)[i];
+      } else {
+        wb = load_bits(f.norm_weight.data, f.norm_weight.dtype, c * f.norm_weight.s[0]);
+        if (f.z.data != nullptr)
+          zb = load_bits(f.z.data, f.z.dtype, n * f.z.s[0] + t * f.z.s[1] + hv * f.z.s[2] + c * f.z.s[3]);
+      }
+      float gate = 1.f;
+      if (f.z.data != nullptr) {
+        const float z = bits_to_f32(zb, f.z.dtype);
+        gate = z / (1.f + expf(-z));
+      }
+      const float o = o_s[i] * fac_s[e] * (bits_to_f32(wb, f.norm_weight.dtype) * gate);
+      store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + c, o);
+    }
+  }
+}
+
+}  // namespace gdn::detail::cuda
