@@ -624,12 +624,14 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   if (!vec_ok(p.state, 3, kVecElems<S>) || !vec_ok(p.inter, 4, kVecElems<S>))
     return "fused_decode on CUDA needs 16-byte aligned state and inter rows (data pointers and every "
            "stride but the innermost a multiple of 16 bytes); decode takes unaligned pools";
-  if (plan_fused_group<S>(f, lp)) return {};
+  // The cluster form's limits hold for every call, also where the group kernel runs instead, so
+  // that whether a shape is supported does not depend on B.
   const bool ok = p.layout_kv ? plan_kv_tile<S>(p, lp, &f) : plan_vk_tile<S>(p, lp, &f);
   if (!ok || lp.cluster > kMaxFusedCluster || (lp.cluster > 8 && lp.smem > kBigClusterSmemMax))
     return "fused_decode on CUDA needs every block of one row and q/k head (HV/H = " + std::to_string(p.HV / p.H) +
            " value heads times their tiles) in one thread-block cluster of at most " +
            std::to_string(kMaxFusedCluster) + " blocks; this shape does not fit";
+  if (plan_fused_group<S>(f, lp)) return {};
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
   lp.geo.qkv_vec = false;  // the conv loads the new inputs itself (stage_issue never runs)
