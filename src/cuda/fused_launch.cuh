@@ -1,6 +1,6 @@
-// Host launchers of the fused step (the tile kernels of vk.cuh and kv.cuh with Fuse<kNorm>) for
-// one state dtype and layout; instantiated in fused_<dtype>_<layout>.cu, the plan decided by
-// decode_cuda.cu (plan_fused).
+// Host launchers of the fused step (the cluster form: the tile kernels of vk.cuh and kv.cuh with
+// Fuse<kNorm>; the group kernel of fused_group.cuh) for one state dtype and layout; instantiated
+// in fused_<dtype>_<layout>.cu, the plan decided by decode_cuda.cu (plan_fused).
 #pragma once
 
 #include "fused_group.cuh"
