@@ -124,7 +124,8 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Fus
   *reinterpret_cast<float2*>(dst) = y;
 }
 
-// Three resident blocks per SM (168 registers): a cap of 128 for four was slower everywhere
+// Registers for three resident blocks per SM (168; shared memory allows three at 16-bit states and
+// T = 1, fewer at fp32 and longer T): a cap of 128 for four was slower everywhere
 // (bf16 B = 64 52.5 -> 60.8 us, fp32 83.1 -> 89.4; docs/design.md).
 template <typename S, int K, bool kNorm>
 __global__ void __launch_bounds__(kGroupThreads, 3)
