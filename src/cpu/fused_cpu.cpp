@@ -1,11 +1,11 @@
-// CPU backend of the fused layer step (docs/semantics.md section 6), in two phases:
-//   1. per (row n, q/k head h), threaded: the conv outputs of q and k of head h, normalized once
-//      for the GVA group; then per value head hv of the group: its v channels' conv, the gates,
-//      the recurrence (step_cpu.h: the kernels decode runs, cache and state stores included), the
-//      gated RMSNorm on each whole output vector, the store of o;
-//   2. per row, threaded: the conv state after each stored token, and conv_inter.
-// Phase 2 runs after every read of the conv pool in phase 1 (the parallel loop's barrier), so a
-// write slot that is also a read slot (the usual in-place update) is safe.
+// CPU backend of the fused layer step (docs/semantics.md section 6), per (row n, q/k head h),
+// threaded: the conv outputs of q and k of head h, normalized once for the GVA group; then per
+// value head hv of the group: its v channels' conv, the gates, the recurrence (step_cpu.h: the
+// kernels decode runs, cache and state stores included), the gated RMSNorm on each whole output
+// vector, the store of o. Each conv plane's new conv state (and conv_inter) is written as soon as
+// its window is read: the item alone reads and writes those channels of the row (another row
+// reading a slot this row writes is a caller error, section 3), so a write slot that is also the
+// read slot (the usual in-place update) is safe, as on CUDA's group kernel.
 //
 // The conv works on planes: a run of consecutive channels (q or k of one head, v of one head)
 // with one column (a conv-state column, a token of mixed_qkv, a tap) converted to fp32 at a
@@ -141,11 +141,31 @@ void load_window(const FusedProblem& f, int64_t n, int64_t slot, int64_t d0, int
     load_plane(f.x.data, f.x.dtype, n * f.x.s[0] + t * f.x.s[1] + d0 * f.x.s[2], f.x.s[2], cnt, ws.win[f.L + t]);
 }
 
+// The conv state of channels [d0, d0 + cnt) of row n after each stored token, and conv_inter,
+// from the plane's window in ws.win: column j after token t is window entry t + 1 + j.
+void store_window(const FusedProblem& f, int64_t n, const RowSlots& rs, int64_t d0, int64_t cnt,
+                  const Workspace& ws) {
+  const Problem& p = f.step;
+  const Ptr& cs = f.conv_state;
+  const Ptr& ci = f.conv_inter;
+  for (int64_t t = 0; t < p.T; ++t) {
+    const int64_t wslot = token_write_slot(p, rs, n, t);
+    for (int64_t j = 0; j < f.L; ++j) {
+      const float* const col = ws.win[t + 1 + j];
+      if (ci.data != nullptr)
+        store_plane(ci.data, ci.dtype, n * ci.s[0] + t * ci.s[1] + d0 * ci.s[2] + j * ci.s[3], ci.s[2], cnt, col);
+      if (wslot >= 0) store_plane(cs.data, cs.dtype, wslot * cs.s[0] + d0 * cs.s[1] + j * cs.s[2], cs.s[1], cnt, col);
+    }
+  }
+}
+
 // The conv outputs of channels [d0, d0 + cnt) of row n, into a StepInputs array (q, k or v):
-// y[t][c] = silu(bias + sum_k weight[d0 + c, k] * window[L + t - (W - 1) + k]) for t < T.
-void conv_plane(const FusedProblem& f, int64_t n, int64_t slot, int64_t d0, int64_t cnt, Workspace& ws,
+// y[t][c] = silu(bias + sum_k weight[d0 + c, k] * window[L + t - (W - 1) + k]) for t < T; and
+// the plane's new conv state (store_window).
+void conv_plane(const FusedProblem& f, int64_t n, const RowSlots& rs, int64_t d0, int64_t cnt, Workspace& ws,
                 float (*y_out)[cpu::kMaxDim]) {
-  load_window(f, n, slot, d0, cnt, ws);
+  load_window(f, n, rs.read, d0, cnt, ws);
+  store_window(f, n, rs, d0, cnt, ws);
   const Ptr& cw = f.conv_weight;
   if (cw.s[1] == 1 && cw.s[0] == f.W) {  // row-major [D, W]: the plane's taps are one run
     load_plane(cw.data, cw.dtype, d0 * f.W, 1, cnt * f.W, ws.taps);
@@ -208,8 +228,8 @@ void run_group(const FusedProblem& f, int64_t n, int64_t h, const RowSlots& rs, 
   cpu::StepInputs& in = ws.in;
   in.t0 = 0;
   in.nt = T;
-  conv_plane(f, n, rs.read, h * K, K, ws, in.q);
-  conv_plane(f, n, rs.read, (p.H + h) * K, K, ws, in.k);
+  conv_plane(f, n, rs, h * K, K, ws, in.q);
+  conv_plane(f, n, rs, (p.H + h) * K, K, ws, in.k);
   for (int64_t t = 0; t < T; ++t) {
     cpu::normalize_qk(in.q[t], K, p.scale, p.use_qk_l2norm);
     cpu::normalize_qk(in.k[t], K, 1.f, p.use_qk_l2norm);
@@ -217,32 +237,11 @@ void run_group(const FusedProblem& f, int64_t n, int64_t h, const RowSlots& rs, 
   const Ptr& nw = f.norm_weight;
   if (nw.data != nullptr) load_plane(nw.data, nw.dtype, 0, nw.s[0], V, ws.nw);
   for (int64_t hv = h * group; hv < (h + 1) * group; ++hv) {
-    conv_plane(f, n, rs.read, 2 * p.H * K + hv * V, V, ws, in.v);
+    conv_plane(f, n, rs, 2 * p.H * K + hv * V, V, ws, in.v);
     for (int64_t t = 0; t < T; ++t) cpu::step_gates(p, n, t, hv, &in.g[t], &in.beta[t]);
     cpu::step_head(p, n, hv, rs, in, 0, V, ws.out, ws.carry, rounding);
     if (f.norm_weight.data != nullptr) gated_norm(f, n, hv, ws);
     cpu::store_o(p, n, hv, 0, T, 0, V, ws.out);
-  }
-}
-
-// The conv state after each stored token of row n, and conv_inter: column j after token t is
-// window entry t + 1 + j. Each plane's window is read before any of it is written.
-void store_conv(const FusedProblem& f, int64_t n, const RowSlots& rs, Workspace& ws) {
-  const Problem& p = f.step;
-  const Ptr& cs = f.conv_state;
-  const Ptr& ci = f.conv_inter;
-  for (int64_t d0 = 0; d0 < f.D; d0 += kPlane) {
-    const int64_t cnt = std::min<int64_t>(kPlane, f.D - d0);
-    load_window(f, n, rs.read, d0, cnt, ws);
-    for (int64_t t = 0; t < p.T; ++t) {
-      const int64_t wslot = token_write_slot(p, rs, n, t);
-      for (int64_t j = 0; j < f.L; ++j) {
-        const float* const col = ws.win[t + 1 + j];
-        if (ci.data != nullptr)
-          store_plane(ci.data, ci.dtype, n * ci.s[0] + t * ci.s[1] + d0 * ci.s[2] + j * ci.s[3], ci.s[2], cnt, col);
-        if (wslot >= 0) store_plane(cs.data, cs.dtype, wslot * cs.s[0] + d0 * cs.s[1] + j * cs.s[2], cs.s[1], cnt, col);
-      }
-    }
   }
 }
 
@@ -264,11 +263,6 @@ void fused_decode_cpu(const FusedProblem& f) {
       continue;
     }
     run_group(f, n, h, rs, rounding, workspace());
-  }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t n = 0; n < p.B; ++n) {
-    const RowSlots rs = resolve_row(p, n);
-    if (rs.read >= 0) store_conv(f, n, rs, workspace());
   }
 }
 
