@@ -409,38 +409,50 @@ __device__ __forceinline__ void unpack2(uint32_t w, DType dt, float* out) {
   }
 }
 
+// The conv and SiLU of one channel pair of a 16-byte path's raw windows, once the inputs landed:
+// `taps` the pair's 2 * kW taps (kW words), `bias` its bias word (null: none), `x` the pair's word
+// in the window row of entry L - (W - 1) + t, `row_words` the words per window row. Shared by
+// the cluster form and the group kernel (fused_group.cuh).
+template <int kW>
+__device__ __forceinline__ float2 conv_vec_pair(const uint32_t* taps, const uint32_t* bias, const uint32_t* x,
+                                                int row_words, DType dt) {
+  float tw[2 * kW];  // tap k of channel i at [i * kW + k]
+#pragma unroll
+  for (int k = 0; k < kW; ++k) unpack2(taps[k], dt, tw + 2 * k);
+  float acc[2] = {0.f, 0.f};
+  if (bias != nullptr) unpack2(*bias, dt, acc);
+#pragma unroll
+  for (int k = 0; k < kW; ++k) {
+    float xv[2];
+    unpack2(x[k * row_words], dt, xv);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) acc[i] = fmaf(tw[i * kW + k], xv[i], acc[i]);
+  }
+  return make_float2(acc[0] / (1.f + expf(-acc[0])), acc[1] / (1.f + expf(-acc[1])));
+}
+
 // The conv and SiLU of channels 2 * sub, +1 of group g (8 channels) at token t, into the raw
-// staging area of this block, once the inputs landed. (A thread per pair, not per group: the
-// SiLU's exp and division dominate, and at T = 1 a group per thread left one warp computing
-// while the block waited for it.)
+// staging area of this block. (A thread per pair, not per group: the SiLU's exp and division
+// dominate, and at T = 1 a group per thread left one warp computing while the block waited for
+// it.)
 template <int kW>
 __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
                                                     const FusedSmem& fs, int g, int sub, int t, int nc, int T,
                                                     unsigned rank) {
   const int K = static_cast<int>(f.step.K), G = s.own / 8;
-  const DType dt = f.x.dtype;
   const uint32_t* const win = reinterpret_cast<const uint32_t*>(fs.win);  // word (row * G + g) * 4 + sub
   // The group's taps are its 8 rows of [D, W], 8 * kW elements: the pair's 2 * kW start at
   // word sub * kW of the group's kW words.
   const uint32_t* const taps = win + s.wl * G * 4 + g * kW * 4 + sub * kW;
-  float tw[2 * kW];  // tap k of channel i at [i * kW + k]
-#pragma unroll
-  for (int k = 0; k < kW; ++k) unpack2(taps[k], dt, tw + 2 * k);
-  float acc[2] = {0.f, 0.f};
-  if (f.conv_bias.data != nullptr) unpack2((win + s.wl * G * 4 + G * kW * 4)[g * 4 + sub], dt, acc);
+  const uint32_t* const bias =
+      f.conv_bias.data != nullptr ? win + s.wl * G * 4 + G * kW * 4 + g * 4 + sub : nullptr;
   const int row0 = static_cast<int>(f.L) - (kW - 1) - s.first + t;
-#pragma unroll
-  for (int k = 0; k < kW; ++k) {
-    float x[2];
-    unpack2(win[((row0 + k) * G + g) * 4 + sub], dt, x);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) acc[i] = fmaf(tw[i * kW + k], x[i], acc[i]);
-  }
+  const float2 y = conv_vec_pair<kW>(taps, bias, win + (row0 * G + g) * 4 + sub, G * 4, f.x.dtype);
   const int c = g * 8 + 2 * sub;
   const int qc = static_cast<int>(rank) * s.S + c;
   float* const raw = reinterpret_cast<float*>(sm.raw);
   float* const dst = c < s.S ? raw + (qc < K ? qc : T * K + qc - K) + t * K : raw + 2 * T * K + t * nc + (c - s.S);
-  *reinterpret_cast<float2*>(dst) = make_float2(acc[0] / (1.f + expf(-acc[0])), acc[1] / (1.f + expf(-acc[1])));
+  *reinterpret_cast<float2*>(dst) = y;
 }
 
 // One item per (channel pair, token), over all threads. The caller has waited for its own
@@ -473,31 +485,38 @@ __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const Fuse
   fused_push_slice<NT>(p, s, sm, T);
 }
 
-// The conv state after each stored token (and conv_inter) for the thread's groups: 16-byte
-// copies of window rows (the conv state and mixed_qkv share the dtype).
+// The conv state after each stored token (and conv_inter) of one group of 8 channels starting at
+// conv channel d: 16-byte copies of its window rows (`win`: rows of G groups; column j after token
+// t is window entry t + 1 + j, row t + 1 + j - first; the conv state and mixed_qkv share the
+// dtype). `ws`: each token's conv write slot (< 0: none). Shared with the group kernel.
+__device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, const uint4* win, int G, int g, int64_t d,
+                                                     int64_t n, int first, int T, const int64_t* ws) {
+  const int L = static_cast<int>(f.L);
+  const bool inter = f.conv_inter.data != nullptr;
+  for (int t = 0; t < T; ++t) {
+    const int64_t wslot = ws[t];
+    if (wslot < 0 && !inter) continue;
+    char* const cs = static_cast<char*>(f.conv_state.data) + (wslot * f.conv_state.s[0] + d) * 2;
+    char* const ci = static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d) * 2;
+    for (int j = 0; j < L; ++j) {
+      const Packed<__half> v{win[(t + 1 + j - first) * G + g]};
+      if (wslot >= 0) store_state_vec<__half, true>(reinterpret_cast<__half*>(cs + j * f.conv_state.s[2] * 2), v);
+      if (inter) store_state_vec<__half, true>(reinterpret_cast<__half*>(ci + j * f.conv_inter.s[3] * 2), v);
+    }
+  }
+}
+
+// The thread's groups of the block channels.
 template <int NT>
 __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, const FusedShare& s, const FusedSmem& fs,
                                                      int64_t n, int64_t hv, int64_t c0, int T) {
   const Problem& p = f.step;
-  const int L = static_cast<int>(f.L), G = s.own / 8;
+  const int G = s.own / 8;
   const int64_t h = hv / (p.HV / p.H);
   const unsigned rank = cluster_rank();
-  const uint4* const win = reinterpret_cast<const uint4*>(fs.win);
-  const bool inter = f.conv_inter.data != nullptr;
   for (int g = threadIdx.x; g < G; g += NT) {
     const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
-    if (d < 0) continue;
-    for (int t = 0; t < T; ++t) {
-      const int64_t ws = fs.ws[t];
-      if (ws < 0 && !inter) continue;
-      char* const cs = static_cast<char*>(f.conv_state.data) + (ws * f.conv_state.s[0] + d) * 2;
-      char* const ci = static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d) * 2;
-      for (int j = 0; j < L; ++j) {
-        const Packed<__half> v{win[(t + 1 + j - s.first) * G + g]};
-        if (ws >= 0) store_state_vec<__half, true>(reinterpret_cast<__half*>(cs + j * f.conv_state.s[2] * 2), v);
-        if (inter) store_state_vec<__half, true>(reinterpret_cast<__half*>(ci + j * f.conv_inter.s[3] * 2), v);
-      }
-    }
+    if (d >= 0) conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), G, g, d, n, s.first, T, fs.ws);
   }
 }
 

@@ -94,23 +94,12 @@ template <typename S, int K, int kW>
 __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const FusedGroupSmem& lay, char* base, int g,
                                                 int sub, int t, int gV) {
   const int G8 = lay.G8;
-  const DType dt = f.x.dtype;
   const uint32_t* const win = reinterpret_cast<const uint32_t*>(base + lay.win);  // word (row * G8 + g) * 4 + sub
   const uint32_t* const taps = win + lay.wl * G8 * 4 + g * kW * 4 + sub * kW;
-  float tw[2 * kW];
-#pragma unroll
-  for (int k = 0; k < kW; ++k) unpack2(taps[k], dt, tw + 2 * k);
-  float acc[2] = {0.f, 0.f};
-  if (f.conv_bias.data != nullptr) unpack2((win + lay.wl * G8 * 4 + G8 * kW * 4)[g * 4 + sub], dt, acc);
+  const uint32_t* const bias =
+      f.conv_bias.data != nullptr ? win + lay.wl * G8 * 4 + G8 * kW * 4 + g * 4 + sub : nullptr;
   const int row0 = static_cast<int>(f.L) - (kW - 1) - conv_first_col(static_cast<int>(f.L), kW) + t;
-#pragma unroll
-  for (int k = 0; k < kW; ++k) {
-    float x[2];
-    unpack2(win[((row0 + k) * G8 + g) * 4 + sub], dt, x);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) acc[i] = fmaf(tw[i * kW + k], x[i], acc[i]);
-  }
-  const float2 y = make_float2(acc[0] / (1.f + expf(-acc[0])), acc[1] / (1.f + expf(-acc[1])));
+  const float2 y = conv_vec_pair<kW>(taps, bias, win + (row0 * G8 + g) * 4 + sub, G8 * 4, f.x.dtype);
   const int c = g * 8 + 2 * sub;
   using Pos = typename VkShape<S, K, 1>::Pos;
   float* dst;
@@ -280,26 +269,10 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
       tk[2] = ts.kq;
     }
   }
-  // The conv state after each stored token (and conv_inter): window entry t + 1 + c is column c
-  // after token t. The block alone reads these channels, and it has read them.
-  {
-    const bool inter = f.conv_inter.data != nullptr;
-    for (int g = tid; g < G8; g += NT) {
-      const int64_t d = group_channel(p, h, g * 8);
-      for (int t = 0; t < T; ++t) {
-        const int64_t wsl = ws_s[t];
-        if (wsl < 0 && !inter) continue;
-        char* const cs = static_cast<char*>(f.conv_state.data) + (wsl * f.conv_state.s[0] + d) * 2;
-        char* const ci =
-            static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d) * 2;
-        for (int c = 0; c < Lc; ++c) {
-          const Packed<__half> pk{win[(t + 1 + c - first) * G8 + g]};
-          if (wsl >= 0) store_state_vec<__half, true>(reinterpret_cast<__half*>(cs + c * f.conv_state.s[2] * 2), pk);
-          if (inter) store_state_vec<__half, true>(reinterpret_cast<__half*>(ci + c * f.conv_inter.s[3] * 2), pk);
-        }
-      }
-    }
-  }
+  // The conv state after each stored token (and conv_inter). The block alone reads these
+  // channels, and it has read them.
+  for (int g = tid; g < G8; g += NT)
+    conv_vec_store_group(f, win, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
 
   // The stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
   for (int s = 0; s < NS; ++s) {
@@ -354,24 +327,18 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
     for (int i = tid; i < group * T * V; i += NT) {
       const int c = i % V, e = i / V, t = e % T, hi = e / T;
       const int64_t hv = hv0 + hi;
-      uint32_t wb, zb = 0;
-      if (norm_vec) {
-        wb = wns == 4 ? reinterpret_cast<const uint32_t*>(base + lay.wn)[c]
-                      : reinterpret_cast<const uint16_t*>(base + lay.wn)[c];
-        if (f.z.data != nullptr)
-          zb = zs == 4 ? reinterpret_cast<const uint32_t*>(base + lay.z)[i]
-                       : reinterpret_cast<const uint16_t*>(base + lay.z)[i];
+      float w, gate = 1.f;
+      if (norm_vec) {  // the raw rows (z: [group][T][V], as i)
+        w = smem_f32(base + lay.wn, f.norm_weight.dtype, c);
+        if (f.z.data != nullptr) gate = smem_f32(base + lay.z, f.z.dtype, i);
       } else {
-        wb = load_bits(f.norm_weight.data, f.norm_weight.dtype, c * f.norm_weight.s[0]);
+        const DType wd = f.norm_weight.dtype, zd = f.z.dtype;
+        w = bits_to_f32(load_bits(f.norm_weight.data, wd, c * f.norm_weight.s[0]), wd);
         if (f.z.data != nullptr)
-          zb = load_bits(f.z.data, f.z.dtype, n * f.z.s[0] + t * f.z.s[1] + hv * f.z.s[2] + c * f.z.s[3]);
+          gate = bits_to_f32(load_bits(f.z.data, zd, n * f.z.s[0] + t * f.z.s[1] + hv * f.z.s[2] + c * f.z.s[3]), zd);
       }
-      float gate = 1.f;
-      if (f.z.data != nullptr) {
-        const float z = bits_to_f32(zb, f.z.dtype);
-        gate = z / (1.f + expf(-z));
-      }
-      const float o = o_s[i] * fac_s[e] * (bits_to_f32(wb, f.norm_weight.dtype) * gate);
+      if (f.z.data != nullptr) gate = gate / (1.f + expf(-gate));  // silu(z)
+      const float o = o_s[i] * fac_s[e] * (w * gate);
       store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + c, o);
     }
   }
