@@ -220,7 +220,7 @@ TEST_P(Fused, LargeGvaGroups) {
 // Qwen3-Next hold 35.7 MB of bf16 state, so on CUDA the group kernel (fused_group.cuh: one block
 // per row and q/k head, the GVA group's state streamed through stage buffers) runs wherever the
 // GPU has at most 145 SMs (plan_fused_group: 240 KiB of state per SM). Every state dtype,
-// T = 1..4, each addressing family, the cache, stochastic rounding, the norm with and without its
+// T = 1..3, each addressing family, the cache, stochastic rounding, the norm with and without its
 // gate and without it, GVA groups of 2 and 4. (scripts/gpu_check.sh also runs the fused suites
 // with the group kernel forced wherever it applies.)
 TEST_P(Fused, ServingBatchOneBlockPerQkHead) {
@@ -254,7 +254,7 @@ TEST_P(Fused, ServingBatchOneBlockPerQkHead) {
          c.addressing = Addressing::kPerToken;
          c.norm = c.gate_z = false;
        }},
-      {"bf16 split T=2 GVA 4 (Qwen3.5), raw precomputed gates",
+      {"bf16 split T=2 GVA 4 (Qwen3.5), precomputed gates",
        [](Config& c) {
          c.HV = 64;
          c.T = 2;
