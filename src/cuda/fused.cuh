@@ -147,11 +147,21 @@ struct FusedSmem {
   float* zw = nullptr;    // [T][nc] norm_weight * silu(z) (norm only); with geo.norm_vec, z's raw rows
   float* wn = nullptr;    // [nc] with geo.norm_vec: norm_weight's raw elements (norm only)
   float* part = nullptr;  // [kMaxTiles][16] sums of o^2 per token, stored by each tile of the head
-  float* fac = nullptr;   // [16] rsqrt(mean(o^2) + eps) per token
   int64_t* ws = nullptr;  // [16] the conv write slot of each token (< 0: none)
 };
 
 __host__ __device__ constexpr int round4(int f) { return (f + 3) / 4 * 4; }
+
+// This thread's first index in a block loop over a few small items that starts at warp w
+// (mod the block's warps) instead of warp 0. At small B each loop of the prologue and epilogue
+// has a few dozen items, a lone warp's dependent chain of a few hundred cycles per step: started
+// at warp 0, every loop ran on warp 0 one after another while the other warps waited at the
+// next barrier (per-block clock stamps at B = 1; docs/design.md). Started on different warps,
+// they run side by side.
+template <int NT>
+__device__ __forceinline__ int rotated_tid(int w) {
+  return (static_cast<int>(threadIdx.x) + NT - (32 * w) % NT) % NT;
+}
 
 // Floats of the window region: fp32 windows (the generic path), or the 16-byte path's raw
 // 16-bit windows, taps and bias, 8 channels per 16-byte vector.
@@ -162,7 +172,7 @@ __host__ __device__ constexpr int fused_win_floats(const FusedShare& s, int W) {
 // Floats after the staging area, each region a multiple of 16 bytes, plus 4 of slack to align
 // the start.
 __host__ __device__ inline int fused_smem_floats(const FusedShare& s, int T, int nc, int W, bool norm) {
-  return 4 + fused_win_floats(s, W) + (norm ? 2 * round4(T * nc) + round4(nc) : 0) + kMaxTiles * 16 + 16 + 2 * 16;
+  return 4 + fused_win_floats(s, W) + (norm ? 2 * round4(T * nc) + round4(nc) : 0) + kMaxTiles * 16 + 2 * 16;
 }
 
 __device__ __forceinline__ FusedSmem carve_fused(const FusedShare& s, float* base, int T, int nc, int W, bool norm) {
@@ -174,8 +184,7 @@ __device__ __forceinline__ FusedSmem carve_fused(const FusedShare& s, float* bas
   m.zw = base + (norm ? round4(T * nc) : 0);
   m.wn = base + (norm ? 2 * round4(T * nc) : 0);
   m.part = m.wn + (norm ? round4(nc) : 0);
-  m.fac = m.part + kMaxTiles * 16;
-  m.ws = reinterpret_cast<int64_t*>(m.fac + 16);  // 16-byte aligned: every region is a multiple of 4 floats
+  m.ws = reinterpret_cast<int64_t*>(m.part + kMaxTiles * 16);  // 16-byte aligned: every region is a multiple of 4 floats
   return m;
 }
 
@@ -240,12 +249,13 @@ __device__ __forceinline__ void fused_norm_issue(const FusedProblem& f, const Fu
   const int es = f.norm_weight.dtype == DType::kF32 ? 4 : 2;
   const int per = nc * es / 16;  // 16-byte pieces per row
   const char* const w = static_cast<const char*>(f.norm_weight.data) + c0 * es;
-  for (int i = threadIdx.x; i < per; i += NT) cp_async16(reinterpret_cast<char*>(fs.wn) + i * 16, w + i * 16);
+  const int r = rotated_tid<NT>(1);  // warp 0 issues the conv inputs (fused_conv_vec_issue_inputs)
+  for (int i = r; i < per; i += NT) cp_async16(reinterpret_cast<char*>(fs.wn) + i * 16, w + i * 16);
   if (f.z.data == nullptr) return;
   const int zs = f.z.dtype == DType::kF32 ? 4 : 2;
   const int zper = nc * zs / 16;
   const char* const z = static_cast<const char*>(f.z.data) + (n * f.z.s[0] + hv * f.z.s[2] + c0) * zs;
-  for (int i = threadIdx.x; i < T * zper; i += NT) {
+  for (int i = r; i < T * zper; i += NT) {
     const int t = i / zper, c = i % zper;
     cp_async16(reinterpret_cast<char*>(fs.zw) + (t * zper + c) * 16, z + t * f.z.s[1] * zs + c * 16);
   }
@@ -389,7 +399,7 @@ __device__ __forceinline__ void fused_conv_vec_issue_state(const FusedProblem& f
   const int64_t h = hv / (p.HV / p.H);
   const unsigned rank = cluster_rank();
   uint4* const win = reinterpret_cast<uint4*>(fs.win);
-  for (int g = threadIdx.x; g < G; g += NT) {
+  for (int g = rotated_tid<NT>(2); g < G; g += NT) {  // beside warp 0's gates and warp 3's write slots
     const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
     if (d < 0) continue;
     const char* const cs = static_cast<const char*>(f.conv_state.data) + (slot * f.conv_state.s[0] + d) * 2;
@@ -455,36 +465,6 @@ __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const
   *reinterpret_cast<float2*>(dst) = y;
 }
 
-// One item per (channel pair, token), over all threads. The caller has waited for its own
-// cp.async group; the barrier here makes every thread's landed inputs visible to all.
-template <int NT, bool kNorm>
-__device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
-                                               const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc, int T) {
-  const Problem& p = f.step;
-  const int64_t h = hv / (p.HV / p.H);
-  const unsigned rank = cluster_rank();
-  const int G = s.own / 8;
-  __syncthreads();
-  fused_wait_started();  // the push below writes into the other blocks
-  for (int item = threadIdx.x; item < G * 4 * T; item += NT) {
-    const int sub = item % 4, g = item / 4 % G, t = item / (4 * G);
-    if (fused_channel(p, s, rank, g * 8, h, hv, c0) < 0) continue;
-    switch (f.W) {
-      case 2:
-        fused_conv_vec_item<2>(f, s, sm, fs, g, sub, t, nc, T, rank);
-        break;
-      case 3:
-        fused_conv_vec_item<3>(f, s, sm, fs, g, sub, t, nc, T, rank);
-        break;
-      default:
-        fused_conv_vec_item<4>(f, s, sm, fs, g, sub, t, nc, T, rank);
-        break;
-    }
-  }
-  __syncthreads();  // the slice's outputs are complete
-  fused_push_slice<NT>(p, s, sm, T);
-}
-
 // The conv state after each stored token (and conv_inter) of one group of 8 channels starting at
 // conv channel d: 16-byte copies of its window rows (`win`: rows of G groups; column j after token
 // t is window entry t + 1 + j, row t + 1 + j - first; the conv state and mixed_qkv share the
@@ -506,7 +486,7 @@ __device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, cons
   }
 }
 
-// The thread's groups of the block channels.
+// The block's groups, from the last warp (fused_conv_vec: beside the conv items, from warp 0).
 template <int NT>
 __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, const FusedShare& s, const FusedSmem& fs,
                                                      int64_t n, int64_t hv, int64_t c0, int T) {
@@ -514,10 +494,44 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
   const int G = s.own / 8;
   const int64_t h = hv / (p.HV / p.H);
   const unsigned rank = cluster_rank();
-  for (int g = threadIdx.x; g < G; g += NT) {
+  for (int g = rotated_tid<NT>(NT / 32 - 1); g < G; g += NT) {
     const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
     if (d >= 0) conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), G, g, d, n, s.first, T, fs.ws);
   }
+}
+
+// One item per (channel pair, token), over all threads. The caller has waited for its own
+// cp.async group; the barrier here makes every thread's landed inputs visible to all.
+template <int NT, bool kNorm>
+__device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
+                                               const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc, int T) {
+  const Problem& p = f.step;
+  const int64_t h = hv / (p.HV / p.H);
+  const unsigned rank = cluster_rank();
+  const int G = s.own / 8;
+  __syncthreads();  // the windows and fs.ws
+  // The conv state after each token, as soon as the windows landed: the block alone reads and
+  // writes these channels, and its read of them is over. So the stores are in flight during the
+  // token loop instead of following it.
+  fused_conv_vec_store<NT>(f, s, fs, n, hv, c0, T);
+  fused_wait_started();  // the push below writes into the other blocks
+  for (int item = threadIdx.x; item < G * 4 * T; item += NT) {
+    const int sub = item % 4, g = item / 4 % G, t = item / (4 * G);
+    if (fused_channel(p, s, rank, g * 8, h, hv, c0) < 0) continue;
+    switch (f.W) {
+      case 2:
+        fused_conv_vec_item<2>(f, s, sm, fs, g, sub, t, nc, T, rank);
+        break;
+      case 3:
+        fused_conv_vec_item<3>(f, s, sm, fs, g, sub, t, nc, T, rank);
+        break;
+      default:
+        fused_conv_vec_item<4>(f, s, sm, fs, g, sub, t, nc, T, rank);
+        break;
+    }
+  }
+  __syncthreads();  // the slice's outputs are complete
+  fused_push_slice<NT>(p, s, sm, T);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -536,10 +550,18 @@ __device__ __forceinline__ void fused_issue_inputs(const FusedProblem& f, const 
     if (geo.norm_vec) fused_norm_issue<NT>(f, fs, n, hv, c0, nc, T);
 }
 
+// Also each token's conv write slot into fs.ws, by the last warp (every warp resolved the row's
+// slots), for the conv-state stores after the next block barrier.
 template <int NT>
 __device__ __forceinline__ void fused_issue_state(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
-                                                  const FusedSmem& fs, int64_t hv, int64_t c0, int64_t slot) {
-  if (geo.conv_vec) fused_conv_vec_issue_state<NT>(f, s, fs, hv, c0, slot);
+                                                  const FusedSmem& fs, const WarpSlots& slots, int64_t n, int64_t hv,
+                                                  int64_t c0) {
+  if (geo.conv_vec) fused_conv_vec_issue_state<NT>(f, s, fs, hv, c0, slots.read);
+  if (static_cast<int>(threadIdx.x) / 32 == NT / 32 - 1)
+    for (int t = 0; t < static_cast<int>(f.step.T); ++t) {
+      const int64_t ws = warp_token_write_slot(f.step, slots, n, t);
+      if ((threadIdx.x & 31) == 0) fs.ws[t] = ws;
+    }
 }
 
 // The caller has committed the groups above and then the state tile's.
@@ -560,27 +582,23 @@ __device__ __forceinline__ void fused_prologue(const FusedProblem& f, const Geom
 }
 
 // ---------------------------------------------------------------------------------------
-// The epilogue: the conv state after each stored token (and conv_inter) for the block's own
-// channels, from the windows — column j after token t is window entry t + 1 + j; then with
+// The epilogue: on the generic path, the conv state after each stored token (and conv_inter)
+// for the block's own channels, from the windows — column j after token t is window entry
+// t + 1 + j (the 16-byte path stored it after its conv, fused_conv_vec); then with
 // the norm, the tiles' sums of squares exchanged and o = o * rsqrt(mean_V(o^2) + eps) *
 // norm_weight * silu(z) written. `tile`: this block's tile of its value head (the cluster holds
 // HV/H heads x geo.tiles blocks, head-major).
 // ---------------------------------------------------------------------------------------
 template <int NT, bool kNorm>
 __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geometry& geo, const FusedShare& s,
-                                             const FusedSmem& fs, const WarpSlots& slots, int64_t n, int64_t hv,
-                                             int tile, int64_t c0, int nc, int T) {
+                                             const FusedSmem& fs, int64_t n, int64_t hv, int tile, int64_t c0,
+                                             int nc, int T) {
   const Problem& p = f.step;
   const int L = static_cast<int>(f.L), tiles = geo.tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const unsigned rank = cluster_rank();
-  __syncthreads();  // the token loop's outputs (fs.o) are complete
-  if (warp == 0)
-    for (int t = 0; t < T; ++t) {
-      const int64_t ws = warp_token_write_slot(p, slots, n, t);
-      if (lane == 0) fs.ws[t] = ws;
-    }
   if constexpr (kNorm) {
+    __syncthreads();  // the token loop's outputs (fs.o) are complete
     // This tile's sums of squares, one warp per token in a fixed order, stored into every tile
     // of the head (the cluster is head-major: the head's tile 0 has rank rank - tile).
     for (int t = warp; t < T; t += NT / 32) {
@@ -597,11 +615,8 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
         st_cluster_f32(&fs.part[tile * 16 + t], rank - tile + lane, ss);
     }
   }
-  __syncthreads();  // fs.ws, this tile's own sums
 
-  if (geo.conv_vec) {
-    fused_conv_vec_store<NT>(f, s, fs, n, hv, c0, T);
-  } else {
+  if (!geo.conv_vec) {  // (the 16-byte path stored its conv state in fused_conv_vec)
     const int64_t h = hv / (p.HV / p.H);
     const bool inter = f.conv_inter.data != nullptr;
     for (int c = threadIdx.x; c < s.own; c += NT) {
@@ -626,17 +641,20 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
   }
 
   if constexpr (kNorm) {
-    if (tiles > 1) cluster_sync();  // every tile's sums are in every tile of the head (uniform over the cluster)
-    if (static_cast<int>(threadIdx.x) < T) {
-      const int t = threadIdx.x;
-      float ss = 0.f;
-      for (int j = 0; j < tiles; ++j) ss += fs.part[j * 16 + t];
-      fs.fac[t] = rsqrtf(ss / static_cast<float>(p.V) + f.norm_eps);
-    }
-    __syncthreads();  // fs.fac
+    // Every tile's sums are in every tile of the head: a cluster barrier (uniform over the
+    // cluster, and a block barrier too) where they cross blocks, else the block's own.
+    if (tiles > 1)
+      cluster_sync();
+    else
+      __syncthreads();
     for (int i = threadIdx.x; i < T * nc; i += NT) {
       const int t = i / nc, c = i % nc;
       if (c0 + c >= p.V) continue;
+      // The factor, per item rather than once per token behind one more barrier: every tile adds
+      // the same sums in the same order, so all get the same bits.
+      float ss = 0.f;
+      for (int j = 0; j < tiles; ++j) ss += fs.part[j * 16 + t];
+      const float fac = rsqrtf(ss / static_cast<float>(p.V) + f.norm_eps);
       float zw;
       if (geo.norm_vec) {  // raw rows (fused_norm_issue); host: V is a multiple of nc
         float g = 1.f;
@@ -648,7 +666,7 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
       } else {
         zw = fs.zw[i];
       }
-      store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + c0 + c, fs.o[i] * fs.fac[t] * zw);
+      store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + c0 + c, fs.o[i] * fac * zw);
     }
   }
 }

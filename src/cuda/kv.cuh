@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     return;
   }
   if constexpr (Fz::kOn) {  // the conv's state columns first: small, and needed first
-    fused_issue_state<NT>(prm, geo, share, fs, hv, c0, slots.read);
+    fused_issue_state<NT>(prm, geo, share, fs, slots, n, hv, c0);
     cp_async_commit();
   }
 
@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     }
   }
   if constexpr (Fz::kOn)
-    fused_finish<NT, Fz::kNorm>(prm, geo, share, fs, slots, n, hv, tile, c0, VT, T);
+    fused_finish<NT, Fz::kNorm>(prm, geo, share, fs, n, hv, tile, c0, VT, T);
 }
 
 template <typename S, int K>

@@ -500,7 +500,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     return false;
   }
   if constexpr (Fz::kOn) {  // the conv's state columns first: small, and needed first
-    fused_issue_state<kVkThreads>(prm, geo, *share, *fs, hv, row0, slots.read);
+    fused_issue_state<kVkThreads>(prm, geo, *share, *fs, slots, n, hv, row0);
     cp_async_commit();
   }
 
@@ -605,7 +605,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     }
   }
   if constexpr (Fz::kOn)
-    fused_finish<kVkThreads, Fz::kNorm>(prm, geo, share, fs, slots, n, hv, tile, row0, RT, T);
+    fused_finish<kVkThreads, Fz::kNorm>(prm, geo, share, fs, n, hv, tile, row0, RT, T);
 }
 
 }  // namespace gdn::detail::cuda
