@@ -523,54 +523,88 @@ cudaError_t allow_big_smem() {
 
 __device__ __forceinline__ int dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
 
-template <int kThreads>
-__device__ __forceinline__ void stage_issue(const Problem& p, const Geometry& geo,
-                                            const StageSmem& sm, int64_t n, int64_t t0, int tc,
-                                            int64_t hv, int64_t c0, int nc) {
+// stage_issue in two halves: the plan (base addresses, strides and counts) depends only on the
+// kernel parameters and the block's coordinates, so a kernel can compute it before pdl_wait,
+// where the block waits anyway under programmatic launch; the issue loop then runs right after
+// the wait. At B = 1 the plan's 64-bit index arithmetic and the q/k head's division were most of
+// the ~1,500 cycles between the wait and the first copy (per-block clock stamps, docs/design.md).
+struct StagePlan {
+  const char *q, *k, *v;  // token t0's rows
+  int64_t qt, kt, vt;     // token strides, bytes
+  int64_t qe, ke, ve;     // element strides, bytes (element path)
+  unsigned char *rq, *rk, *rv;
+  int es, K, nc, tc;
+  bool vec;
+};
+
+__device__ __forceinline__ StagePlan stage_plan(const Problem& p, const Geometry& geo, const StageSmem& sm,
+                                                int64_t n, int64_t t0, int tc, int64_t hv, int64_t c0, int nc) {
+  StagePlan sp;
   const int64_t h = hv / (p.HV / p.H);
-  const int es = dtype_bytes(p.q.dtype);
-  const int K = static_cast<int>(p.K);
-  const char* q = static_cast<const char*>(p.q.data) + (n * p.q.s[0] + t0 * p.q.s[1] + h * p.q.s[2]) * es;
-  const char* k = static_cast<const char*>(p.k.data) + (n * p.k.s[0] + t0 * p.k.s[1] + h * p.k.s[2]) * es;
-  const char* v = static_cast<const char*>(p.v.data) +
-                  (n * p.v.s[0] + t0 * p.v.s[1] + hv * p.v.s[2] + c0 * p.v.s[3]) * es;
-  const int64_t qt = p.q.s[1] * es, kt = p.k.s[1] * es, vt = p.v.s[1] * es;  // token strides, bytes
-  unsigned char* rq = sm.raw_part<unsigned char>(0, K * es);
-  unsigned char* rk = sm.raw_part<unsigned char>(1, K * es);
-  unsigned char* rv = sm.raw_part<unsigned char>(2, K * es);
-  if (geo.qkv_vec) {
+  sp.es = dtype_bytes(p.q.dtype);
+  sp.K = static_cast<int>(p.K);
+  sp.nc = nc;
+  sp.tc = tc;
+  sp.vec = geo.qkv_vec;
+  const int es = sp.es;
+  sp.q = static_cast<const char*>(p.q.data) + (n * p.q.s[0] + t0 * p.q.s[1] + h * p.q.s[2]) * es;
+  sp.k = static_cast<const char*>(p.k.data) + (n * p.k.s[0] + t0 * p.k.s[1] + h * p.k.s[2]) * es;
+  sp.v = static_cast<const char*>(p.v.data) + (n * p.v.s[0] + t0 * p.v.s[1] + hv * p.v.s[2] + c0 * p.v.s[3]) * es;
+  sp.qt = p.q.s[1] * es;
+  sp.kt = p.k.s[1] * es;
+  sp.vt = p.v.s[1] * es;
+  sp.qe = p.q.s[3] * es;
+  sp.ke = p.k.s[3] * es;
+  sp.ve = p.v.s[3] * es;
+  sp.rq = sm.raw_part<unsigned char>(0, sp.K * es);
+  sp.rk = sm.raw_part<unsigned char>(1, sp.K * es);
+  sp.rv = sm.raw_part<unsigned char>(2, sp.K * es);
+  return sp;
+}
+
+// Keeps a plan's values computed where this is called (before pdl_wait): the empty volatile asm
+// consumes and redefines them, so the compiler can neither sink their arithmetic past the wait
+// nor recompute it there.
+__device__ __forceinline__ void stage_plan_pin(StagePlan& sp) {
+  asm volatile("" : "+l"(sp.q), "+l"(sp.k), "+l"(sp.v), "+l"(sp.qt), "+l"(sp.kt), "+l"(sp.vt));
+  asm volatile("" : "+l"(sp.rq), "+l"(sp.rk), "+l"(sp.rv));
+}
+
+template <int kThreads>
+__device__ __forceinline__ void stage_issue_plan(const StagePlan& sp) {
+  const int es = sp.es, K = sp.K, tc = sp.tc, nc = sp.nc;
+  if (sp.vec) {
     const int cq = K * es / 16, cv = nc * es / 16;  // 16-byte pieces per row
     const int nq = tc * cq, total = 2 * nq + tc * cv;
     for (int i = threadIdx.x; i < total; i += kThreads) {
       if (i < nq) {
         const int t = i / cq, c = i % cq;
-        cp_async16(rq + (t * K) * es + c * 16, q + t * qt + c * 16);
+        cp_async16(sp.rq + (t * K) * es + c * 16, sp.q + t * sp.qt + c * 16);
       } else if (i < 2 * nq) {
         const int t = (i - nq) / cq, c = (i - nq) % cq;
-        cp_async16(rk + (t * K) * es + c * 16, k + t * kt + c * 16);
+        cp_async16(sp.rk + (t * K) * es + c * 16, sp.k + t * sp.kt + c * 16);
       } else {
         const int t = (i - 2 * nq) / cv, c = (i - 2 * nq) % cv;
-        cp_async16(rv + (t * nc) * es + c * 16, v + t * vt + c * 16);
+        cp_async16(sp.rv + (t * nc) * es + c * 16, sp.v + t * sp.vt + c * 16);
       }
     }
   } else {
     // Unaligned or element-strided views: element copies (2 or 4 bytes), several in flight
     // per thread. The innermost strides (bytes) are whatever the caller's views have.
-    const int64_t qe = p.q.s[3] * es, ke = p.k.s[3] * es, ve = p.v.s[3] * es;
     const int nq = tc * K, total = 2 * nq + tc * nc;
 #pragma unroll 4
     for (int i = threadIdx.x; i < total; i += kThreads) {
       const char* src;
       unsigned char* dst;
       if (i < nq) {
-        src = q + (i / K) * qt + (i % K) * qe;
-        dst = rq + i * es;
+        src = sp.q + (i / K) * sp.qt + (i % K) * sp.qe;
+        dst = sp.rq + i * es;
       } else if (i < 2 * nq) {
-        src = k + ((i - nq) / K) * kt + ((i - nq) % K) * ke;
-        dst = rk + (i - nq) * es;
+        src = sp.k + ((i - nq) / K) * sp.kt + ((i - nq) % K) * sp.ke;
+        dst = sp.rk + (i - nq) * es;
       } else {
-        src = v + ((i - 2 * nq) / nc) * vt + ((i - 2 * nq) % nc) * ve;
-        dst = rv + (i - 2 * nq) * es;
+        src = sp.v + ((i - 2 * nq) / nc) * sp.vt + ((i - 2 * nq) % nc) * sp.ve;
+        dst = sp.rv + (i - 2 * nq) * es;
       }
       if (es == 4) {
         *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
@@ -579,6 +613,12 @@ __device__ __forceinline__ void stage_issue(const Problem& p, const Geometry& ge
       }
     }
   }
+}
+
+template <int kThreads>
+__device__ __forceinline__ void stage_issue(const Problem& p, const Geometry& geo, const StageSmem& sm, int64_t n,
+                                            int64_t t0, int tc, int64_t hv, int64_t c0, int nc) {
+  stage_issue_plan<kThreads>(stage_plan(p, geo, sm, n, t0, tc, hv, c0, nc));
 }
 
 // Thread t < tc loads token t0 + t's gate inputs (one token per thread: chunks are at most

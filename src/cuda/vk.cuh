@@ -480,13 +480,23 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
   }
   if constexpr (Fz::kOn) fused_started();
+  // The addresses that depend only on the parameters and the block: computed while the block
+  // waits (stage_plan).
+  StagePlan plan;
+  if constexpr (!Fz::kOn) {
+    plan = stage_plan(p, geo, sm, n, 0, T, hv, row0, RT);
+    stage_plan_pin(plan);
+  }
+  const S* head_src = static_cast<const S*>(p.state.data) + hv * p.state.s[1] + row0 * p.state.s[2];
+  int64_t ss0 = p.state.s[0], ss2 = p.state.s[2];
+  asm volatile("" : "+l"(head_src), "+l"(ss0), "+l"(ss2));
   pdl_wait();
   pdl_launch_dependents();
 
   // Inputs first: they do not depend on the slot, so their latency overlaps the slot load.
   // (The fused step's conv computes q, k and v instead.)
   if constexpr (!Fz::kOn) {
-    stage_issue<kVkThreads>(p, geo, sm, n, 0, T, hv, row0, RT);
+    stage_issue_plan<kVkThreads>(plan);
   } else {
     fused_issue_inputs<kVkThreads, Fz::kNorm>(prm, geo, *share, *fs, n, hv, row0, RT, T);
   }
@@ -505,9 +515,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   }
 
   {
-    const S* src = static_cast<const S*>(p.state.data) + slots.read * p.state.s[0] +
-                   hv * p.state.s[1] + row0 * p.state.s[2];
-    const int64_t ss2 = p.state.s[2];
+    const S* src = head_src + slots.read * ss0;
     for (int i = tid; i < RT * PR; i += kVkThreads) {
       const int r = i / PR, c = i % PR;
       S* const dst = tile_s + r * K + (kChunked ? c ^ (r & 7) : c) * VE;
