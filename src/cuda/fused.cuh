@@ -550,6 +550,16 @@ __device__ __forceinline__ void fused_issue_inputs(const FusedProblem& f, const 
     if (geo.norm_vec) fused_norm_issue<NT>(f, fs, n, hv, c0, nc, T);
 }
 
+// Each token's conv write slot (< 0: none) into ws[0, T), by one whole warp (the caller picks it;
+// warp_token_write_slot shuffles within the warp). Shared with the group kernel.
+__device__ __forceinline__ void warp_store_write_slots(const Problem& p, const WarpSlots& slots, int64_t n,
+                                                       int64_t* ws) {
+  for (int t = 0; t < static_cast<int>(p.T); ++t) {
+    const int64_t w = warp_token_write_slot(p, slots, n, t);
+    if ((threadIdx.x & 31) == 0) ws[t] = w;
+  }
+}
+
 // Also each token's conv write slot into fs.ws, by the last warp (every warp resolved the row's
 // slots), for the conv-state stores after the next block barrier.
 template <int NT>
@@ -557,11 +567,7 @@ __device__ __forceinline__ void fused_issue_state(const FusedProblem& f, const G
                                                   const FusedSmem& fs, const WarpSlots& slots, int64_t n, int64_t hv,
                                                   int64_t c0) {
   if (geo.conv_vec) fused_conv_vec_issue_state<NT>(f, s, fs, hv, c0, slots.read);
-  if (static_cast<int>(threadIdx.x) / 32 == NT / 32 - 1)
-    for (int t = 0; t < static_cast<int>(f.step.T); ++t) {
-      const int64_t ws = warp_token_write_slot(f.step, slots, n, t);
-      if ((threadIdx.x & 31) == 0) fs.ws[t] = ws;
-    }
+  if (static_cast<int>(threadIdx.x) / 32 == NT / 32 - 1) warp_store_write_slots(f.step, slots, n, fs.ws);
 }
 
 // The caller has committed the groups above and then the state tile's.

@@ -227,11 +227,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
     tok_s[tid * kTokScalars + 3] = g;  // tid = gh * T + gt
     tok_s[tid * kTokScalars + 4] = beta;
   }
-  if (warp == 0)
-    for (int t = 0; t < T; ++t) {
-      const int64_t w = warp_token_write_slot(p, slots, n, t);
-      if (lane == 0) ws_s[t] = w;
-    }
+  if (warp == 0) warp_store_write_slots(p, slots, n, ws_s);
   cp_async_wait_pending(NB);  // this thread's conv inputs and columns landed
   __syncthreads();
 
