@@ -80,7 +80,7 @@ bool vk_fine_enabled() {
   static const bool v = env_int("GDN_CUDA_VK_FINE", 1) != 0;
   return v;
 }
-//   GDN_CUDA_VK_CHUNK=0|1|2   T > 1 without stored intermediate states (bf16 state and q/k):
+//   GDN_CUDA_VK_CHUNK=0|1|2   T > 1 without stored intermediate states (bf16 or fp32 state, bf16 q/k):
 //                             0 the token loop, 2 the chunked kernel (vk_chunk.cuh) wherever it
 //                             applies, 1 (default) the chunked kernel where it was measured
 //                             faster (vk_chunk_pays);
@@ -280,12 +280,15 @@ int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
 // Measured on the H100 (Qwen3-Next pool, bf16 state, no cache; docs/design.md section 4):
 // T = 8 B = 512 545 -> 422 us, B = 16 23.7 -> 17.8; T = 4 B >= 64 2-3% faster, B = 16 equal;
 // slower at T <= 3 (T = 2 B = 512 316 -> 345) and at B <= 4 (B = 1 T = 4 5.7 -> 9.1 us).
+// An fp32 state (S0 split into three bf16 terms) from T = 6, where the token loop falls below
+// 90% of the copy kernel at B >= 64 (docs/performance.md): a prediction, not yet measured.
 constexpr int64_t kChunkMinT = 4;
+constexpr int64_t kChunkMinTF32 = 6;
 constexpr int64_t kChunkMinHeads = 512;
-bool vk_chunk_pays(const Problem& p) {
+bool vk_chunk_pays(const Problem& p, bool f32_state) {
   const int mode = vk_chunk_mode();
   if (mode == 2) return true;
-  return mode == 1 && p.T >= kChunkMinT && p.B * p.HV >= kChunkMinHeads;
+  return mode == 1 && p.T >= (f32_state ? kChunkMinTF32 : kChunkMinT) && p.B * p.HV >= kChunkMinHeads;
 }
 
 // The direct token loop trades the block's conversion phase and one barrier for per-thread
@@ -346,9 +349,11 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   const int group = static_cast<int>(p.HV / p.H);
   if (f != nullptr)
     while (group * (V / rt) > kMaxFusedCluster && rt < V) rt *= 2;
-  // The chunked form (vk_chunk.cuh): bf16 state and q/k, 2 <= T, only the last state stored.
+  // The chunked form (vk_chunk.cuh): bf16 or fp32 state, bf16 q/k, 2 <= T, only the last state
+  // stored.
   bool chunked = false;
-  if (f == nullptr && std::is_same_v<S, __nv_bfloat16> && vk_chunk_pays(p) && p.T >= 2 &&
+  constexpr bool kChunkState = std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, float>;
+  if (f == nullptr && kChunkState && vk_chunk_pays(p, std::is_same_v<S, float>) && p.T >= 2 &&
       p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) &&
       rt % 16 == 0) {
     stage_all_tokens(p, rt, lp);

@@ -1,6 +1,6 @@
 // VK layout, T = 2..16 tokens whose intermediate states are not stored (no intermediate
-// cache, no per-token slots), bf16 state with bf16 q and k: the chunked form of the T tokens,
-// its products on tensor cores.
+// cache, no per-token slots), bf16 or fp32 state with bf16 q and k: the chunked form of the T
+// tokens, its products on tensor cores.
 //
 // Why: token by token the step needs three fp32 operations per state element and token plus
 // a per-token reduction chain; without the cache that loop, not memory, bounds the call from
@@ -20,6 +20,13 @@
 // gamma * S0 and rounded once when stored (RNE, or stochastically with a rounding seed). The
 // per-token states stay implicit, which is why a call that stores them (cache, per-token
 // slots) takes the token loop of vk.cuh.
+//
+// An fp32 state takes the same phases with S0 split into three bf16 terms where it is an
+// operand (P1: S0 [q, k] as three products; the raw q and k are exact in bf16, so every
+// product is exact and only the fp32 sums round, as in the token loop), P3 accumulating onto
+// gamma * S0 in fp32 and storing fp32 (no rounding). The split is 4 operations per element
+// against the token loop's 3 per element and token, so it pays from a few tokens on, where the
+// token loop is issue-bound (docs/design.md section 4).
 //
 // Block: the tile prologue of vk.cuh (state tile of RT rows of one (n, hv) in shared memory,
 // 16-byte pieces swizzled for ldmatrix), then
@@ -126,6 +133,57 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AAddr a_addr, 
   }
 }
 
+// P1 for an fp32 state: acc as chunk_dots, with A the m-tile's rows r0p (16-row half g) and
+// r1p (g + 8) of the swizzled fp32 tile (piece c of 4 floats of local row r at c ^ (r & 7); sw =
+// r & 7, the same for both halves), each element split into three bf16 terms, so three
+// products per B fragment. Lane (g, t4) holds columns 2 t4, 2 t4 + 1 and 8 + 2 t4, 9 + 2 t4 of
+// each k-step (the mma A-fragment layout), as float2 loads: the 8 rows of a half hit 8 distinct
+// pieces per column pair (the swizzle), so the warp's loads take the minimum two wavefronts.
+template <int K>
+__device__ __forceinline__ void chunk_dots_f32(float (&acc)[2][2][4], const float* r0p, const float* r1p, int sw,
+                                               const uint16_t* qk, const uint16_t* zrow, int T2, int np_count,
+                                               int lane) {
+  constexpr int QKS = K + kQk16Pad;
+#pragma unroll
+  for (int np = 0; np < 2; ++np)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[np][h][i] = 0.f;
+  const int bcol = (lane & 7) + ((lane >> 4) << 3);
+  const int bk = ((lane >> 3) & 1) << 3;
+  const int t4 = lane & 3;
+  const int in = (t4 & 1) * 2;
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+    const int o0 = (((ks * 4 + (t4 >> 1)) ^ sw) << 2) + in;      // columns 16 ks + 2 t4, + 1
+    const int o1 = (((ks * 4 + 2 + (t4 >> 1)) ^ sw) << 2) + in;  // and 8 further
+    const float2 x00 = *reinterpret_cast<const float2*>(r0p + o0);
+    const float2 x10 = *reinterpret_cast<const float2*>(r1p + o0);
+    const float2 x01 = *reinterpret_cast<const float2*>(r0p + o1);
+    const float2 x11 = *reinterpret_cast<const float2*>(r1p + o1);
+    uint32_t ah[4], am[4], al[4];
+    split3_bf16(x00.x, x00.y, ah[0], am[0], al[0]);
+    split3_bf16(x10.x, x10.y, ah[1], am[1], al[1]);
+    split3_bf16(x01.x, x01.y, ah[2], am[2], al[2]);
+    split3_bf16(x11.x, x11.y, ah[3], am[3], al[3]);
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+      if (np < np_count) {
+        const int col = np * 16 + bcol;
+        uint32_t b[4];
+        ldsm_x4(b, (col < T2 ? qk + col * QKS : zrow) + ks * 16 + bk);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mma_bf16(acc[np][h], ah, b[2 * h], b[2 * h + 1]);
+          mma_bf16(acc[np][h], am, b[2 * h], b[2 * h + 1]);
+          mma_bf16(acc[np][h], al, b[2 * h], b[2 * h + 1]);
+        }
+      }
+    }
+  }
+}
+
 // The m-tile's rows [0, nrows) of acc into dst (row stride ds floats), columns < T2.
 __device__ __forceinline__ void chunk_store_acc(const float (&acc)[2][2][4], float* dst, int ds,
                                                 int nrows, int T2, int np_count, int lane) {
@@ -147,19 +205,25 @@ __device__ __forceinline__ void chunk_store_acc(const float (&acc)[2][2][4], flo
     }
 }
 
-// Five resident blocks (96 registers, no spills): shared memory admits them up to T = 4 (44 KB
-// at K = 128), measured T = 4 B = 512 370 -> 346 us; from T = 6 (49-54 KB) it stays at four.
+// bf16: five resident blocks (96 registers, no spills): shared memory admits them up to T = 4
+// (44 KB at K = 128), measured T = 4 B = 512 370 -> 346 us; from T = 6 (49-54 KB) it stays at
+// four. fp32: the tile alone is 32 KB at the default 64 rows of K = 128: four at most.
+template <typename S>
+constexpr int kChunkMinBlocks = std::is_same_v<S, float> ? 4 : 5;
+
 template <typename S, int K>
-__global__ void __launch_bounds__(kVkThreads, 5)
+__global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     decode_vk_chunk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
-  static_assert(std::is_same_v<S, __nv_bfloat16>, "tensor-core products need bf16 state and q/k");
+  constexpr bool kF32 = std::is_same_v<S, float>;
+  static_assert(kF32 || std::is_same_v<S, __nv_bfloat16>, "tensor-core products: bf16 or fp32 state, bf16 q/k");
   constexpr int QKS = K + kQk16Pad;
-  constexpr int CH = K / 8;  // 16-byte pieces per state row
+  constexpr int VE = kVecElems<S>;
+  constexpr int CH = K / VE;  // 16-byte pieces per state row
   constexpr int kWarps = kVkThreads / 32;
   const int RT = geo.tile_rows;  // a multiple of 16 (host-checked)
   const int T = static_cast<int>(p.T);
   const int T2 = 2 * T;
-  const VkChunkSmem lay(RT, K, T, geo.raw_bytes, 2);
+  const VkChunkSmem lay(RT, K, T, geo.raw_bytes, static_cast<int>(sizeof(S)));
 
   extern __shared__ float4 smem4[];
   unsigned char* const base = reinterpret_cast<unsigned char*>(smem4);
@@ -240,12 +304,17 @@ __global__ void __launch_bounds__(kVkThreads, 5)
   {
     float acc[2][2][4];
     for (int mt = warp; mt < mts; mt += kWarps) {
-      const int r = mt * 16 + arow;
-      const S* const rp = tile_s + r * K;
-      const int sw = r & 7;
-      chunk_dots<K>(
-          acc, [&](int ks) { return rp + (((ks * 2 + ahalf) ^ sw) << 3); }, qk, zrow, T2,
-          np_count, lane);
+      if constexpr (kF32) {
+        const float* const r0p = tile_s + (mt * 16 + g) * K;
+        chunk_dots_f32<K>(acc, r0p, r0p + 8 * K, g, qk, zrow, T2, np_count, lane);
+      } else {
+        const int r = mt * 16 + arow;
+        const S* const rp = tile_s + r * K;
+        const int sw = r & 7;
+        chunk_dots<K>(
+            acc, [&](int ks) { return rp + (((ks * 2 + ahalf) ^ sw) << 3); }, qk, zrow, T2,
+            np_count, lane);
+      }
       chunk_store_acc(acc, X + mt * 16 * lay.xs, lay.xs, 16, T2, np_count, lane);
     }
   }
@@ -296,8 +365,9 @@ __global__ void __launch_bounds__(kVkThreads, 5)
   // 16 tokens, zero beyond T) as three bf16 terms; B = k rows by ldmatrix.trans (tokens beyond
   // T read the zero row); C starts as gamma * S0.
   const float gam_end = gT[0];
-  // Stochastic rounding of the final state (the state after token T - 1), when asked for.
-  const bool sr = p.rounding_seed != nullptr;
+  // Stochastic rounding of the final state (the state after token T - 1), when asked for
+  // (16-bit states only: an fp32 state is stored as computed).
+  const bool sr = !kF32 && p.rounding_seed != nullptr;
   const uint32_t key = sr ? sr_key(slots.sr_row, hv, p.T - 1) : 0u;
   uint32_t ja0, jc0, ja1, jc1;  // the LCG jumps to this lane's elements 2 * t4, 2 * t4 + 1
   sr_lcg_jump(2 * t4, ja0, jc0);
@@ -317,57 +387,95 @@ __global__ void __launch_bounds__(kVkThreads, 5)
     S* const r0p = tile_s + rg * K;
     S* const r1p = r0p + 8 * K;
     const int sw = rg & 7;  // rows rg and rg + 8 share the swizzle
-    // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
-    // then its stores, so that no load waits behind the previous n-tile's store (the
-    // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
-    // (docs/design.md section 4): the per-block chain lies elsewhere.
-    constexpr int NG = 8;
+    if constexpr (kF32) {
+      // fp32: the C fragment (rows rg, rg + 8; columns 2 t4, 2 t4 + 1 of n-tile nt) is a float2
+      // in piece 2 nt + (t4 >> 1) of each row; the sums replace it as computed.
+      constexpr int NG = 8;
+      const int in = (t4 & 1) * 2;
 #pragma unroll
-    for (int n0 = 0; n0 < K / 8; n0 += NG) {
-      uint32_t u[NG][2];
+      for (int n0 = 0; n0 < K / 8; n0 += NG) {
+        float2 u0[NG], u1[NG];
 #pragma unroll
-      for (int i = 0; i < NG; ++i) {
-        const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
-        u[i][0] = *reinterpret_cast<const uint32_t*>(r0p + off);
-        u[i][1] = *reinterpret_cast<const uint32_t*>(r1p + off);
-      }
+        for (int i = 0; i < NG; ++i) {
+          const int off = (((2 * (n0 + i) + (t4 >> 1)) ^ sw) << 2) + in;
+          u0[i] = *reinterpret_cast<const float2*>(r0p + off);
+          u1[i] = *reinterpret_cast<const float2*>(r1p + off);
+        }
 #pragma unroll
-      for (int i = 0; i < NG; i += 2) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, bp + (n0 + i) * 8);
-        // Stochastic rounding: the lanes of a quad (same rows) share the hashes of the four
-        // groups of 8 elements they store here (n-tiles i, i + 1; rows rg, rg + 8): lane t4
-        // computes group (h = t4 & 1, row half t4 >> 1) and the quad reads them by shuffle
-        // (each lane computing all four cost the chunked kernel +30% at T = 4).
-        uint32_t gseed = 0;
-        if (sr)
-          gseed = sr_group_seed(key, (((row0 + rg) * K + (n0 + i + (t4 & 1)) * 8) >> 3) + (t4 >> 1) * K);
+        for (int i = 0; i < NG; i += 2) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, bp + (n0 + i) * 8);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float acc[4] = {gam_end * bf16_lo(u[i + h][0]), gam_end * bf16_hi(u[i + h][0]),
-                          gam_end * bf16_lo(u[i + h][1]), gam_end * bf16_hi(u[i + h][1])};
-          mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
-          mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
-          mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
-          if (sr) {  // element (v, k): e = v * K + k; this lane's pair is 2 * t4, 2 * t4 + 1 of its group
-            const int quad = lane & ~3;
-            const uint32_t x0 = __shfl_sync(0xffffffffu, gseed, quad | h);
-            const uint32_t x1 = __shfl_sync(0xffffffffu, gseed, quad | 2 | h);
-            u[i + h][0] = sr_pack2(acc[0], acc[1], (x0 * ja0 + jc0) >> 16, (x0 * ja1 + jc1) >> 16,
-                                   static_cast<S*>(nullptr));
-            u[i + h][1] = sr_pack2(acc[2], acc[3], (x1 * ja0 + jc0) >> 16, (x1 * ja1 + jc1) >> 16,
-                                   static_cast<S*>(nullptr));
-          } else {
-            u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
-            u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
+          for (int h = 0; h < 2; ++h) {
+            float acc[4] = {gam_end * u0[i + h].x, gam_end * u0[i + h].y, gam_end * u1[i + h].x,
+                            gam_end * u1[i + h].y};
+            mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
+            mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
+            mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
+            u0[i + h] = make_float2(acc[0], acc[1]);
+            u1[i + h] = make_float2(acc[2], acc[3]);
           }
         }
-      }
 #pragma unroll
-      for (int i = 0; i < NG; ++i) {
-        const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
-        *reinterpret_cast<uint32_t*>(r0p + off) = u[i][0];
-        *reinterpret_cast<uint32_t*>(r1p + off) = u[i][1];
+        for (int i = 0; i < NG; ++i) {
+          const int off = (((2 * (n0 + i) + (t4 >> 1)) ^ sw) << 2) + in;
+          *reinterpret_cast<float2*>(r0p + off) = u0[i];
+          *reinterpret_cast<float2*>(r1p + off) = u1[i];
+        }
+      }
+    } else {
+      // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
+      // then its stores, so that no load waits behind the previous n-tile's store (the
+      // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
+      // (docs/design.md section 4): the per-block chain lies elsewhere.
+      constexpr int NG = 8;
+#pragma unroll
+      for (int n0 = 0; n0 < K / 8; n0 += NG) {
+        uint32_t u[NG][2];
+#pragma unroll
+        for (int i = 0; i < NG; ++i) {
+          const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
+          u[i][0] = *reinterpret_cast<const uint32_t*>(r0p + off);
+          u[i][1] = *reinterpret_cast<const uint32_t*>(r1p + off);
+        }
+#pragma unroll
+        for (int i = 0; i < NG; i += 2) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, bp + (n0 + i) * 8);
+          // Stochastic rounding: the lanes of a quad (same rows) share the hashes of the four
+          // groups of 8 elements they store here (n-tiles i, i + 1; rows rg, rg + 8): lane t4
+          // computes group (h = t4 & 1, row half t4 >> 1) and the quad reads them by shuffle
+          // (each lane computing all four cost the chunked kernel +30% at T = 4).
+          uint32_t gseed = 0;
+          if (sr)
+            gseed = sr_group_seed(key, (((row0 + rg) * K + (n0 + i + (t4 & 1)) * 8) >> 3) + (t4 >> 1) * K);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float acc[4] = {gam_end * bf16_lo(u[i + h][0]), gam_end * bf16_hi(u[i + h][0]),
+                            gam_end * bf16_lo(u[i + h][1]), gam_end * bf16_hi(u[i + h][1])};
+            mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
+            mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
+            mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
+            if (sr) {  // element (v, k): e = v * K + k; this lane's pair is 2 * t4, 2 * t4 + 1 of its group
+              const int quad = lane & ~3;
+              const uint32_t x0 = __shfl_sync(0xffffffffu, gseed, quad | h);
+              const uint32_t x1 = __shfl_sync(0xffffffffu, gseed, quad | 2 | h);
+              u[i + h][0] = sr_pack2(acc[0], acc[1], (x0 * ja0 + jc0) >> 16, (x0 * ja1 + jc1) >> 16,
+                                     static_cast<S*>(nullptr));
+              u[i + h][1] = sr_pack2(acc[2], acc[3], (x1 * ja0 + jc0) >> 16, (x1 * ja1 + jc1) >> 16,
+                                     static_cast<S*>(nullptr));
+            } else {
+              u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
+              u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < NG; ++i) {
+          const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
+          *reinterpret_cast<uint32_t*>(r0p + off) = u[i][0];
+          *reinterpret_cast<uint32_t*>(r1p + off) = u[i][1];
+        }
       }
     }
   }
@@ -381,8 +489,8 @@ __global__ void __launch_bounds__(kVkThreads, 5)
       const int r = mt * 16 + i / CH, c = i % CH;
       if (row0 + r >= p.V) continue;
       Packed<S> v;
-      v.u = *reinterpret_cast<const uint4*>(tile_s + r * K + ((c ^ (r & 7)) << 3));
-      store_state_vec<S, true>(dst + r * p.state.s[2] + c * 8, v);
+      v.u = *reinterpret_cast<const uint4*>(tile_s + r * K + (c ^ (r & 7)) * VE);
+      store_state_vec<S, true>(dst + r * p.state.s[2] + c * VE, v);
     }
   }
 }

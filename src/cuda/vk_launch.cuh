@@ -10,10 +10,10 @@ namespace gdn::detail::cuda {
 template <typename S, int K>
 cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   if (lp.chunked) {
-    if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    if constexpr (std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, float>) {
       return launch_tile_kernel<decode_vk_chunk_kernel<S, K>>(p, lp, stream);
     } else {
-      return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 state only
+      return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 or fp32 state only
     }
   }
   if (lp.tile && lp.direct) {
