@@ -413,6 +413,19 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   return true;
 }
 
+// KV layout, T > 1 without stored intermediate states: the chunked kernel on the KV tile
+// (vk_chunk.cuh with kKv: the same phases, the tile transposed) wherever VK's plan takes it,
+// with VK's tiles (the work and the bytes are the same), but never with a rounding seed (its
+// KV form does not round stochastically).
+template <typename S>
+bool plan_kv_chunk(const Problem& p, LaunchPlan& lp) {
+  if (p.rounding_seed != nullptr) return false;
+  LaunchPlan c;
+  if (!plan_vk_tile<S>(p, c) || !c.chunked) return false;
+  lp = c;
+  return true;
+}
+
 // KV tile: the wide variant (KvTileWide: four rows per thread; fp32 four times the threads,
 // 16-bit half-width tiles with K threads) where the grid of 64-thread tiles leaves SMs with
 // little to do: at most one per SM (fp32) or two (16-bit). Measured on the H100 (GDN_CUDA_KV_WIDE
@@ -510,7 +523,7 @@ cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
   LaunchPlan plan;
   bool tiled = false;
   if (vec && tile_enabled() && p.T <= kMaxChunk)
-    tiled = p.layout_kv ? plan_kv_tile<S>(p, plan) : plan_vk_tile<S>(p, plan);
+    tiled = p.layout_kv ? plan_kv_chunk<S>(p, plan) || plan_kv_tile<S>(p, plan) : plan_vk_tile<S>(p, plan);
   if (!tiled) plan = p.layout_kv ? plan_kv<S>(p, vec) : plan_vk(p, vec);
   plan.geo.qkv_vec = qkv_vec_ok(p);
   plan.pdl = pdl_enabled();

@@ -13,6 +13,7 @@
 
 #include "common.cuh"
 #include "fused.cuh"
+#include "vk_chunk.cuh"
 
 namespace gdn::detail::cuda {
 
@@ -459,6 +460,13 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
 template <typename S, int K>
 cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+  if (lp.chunked) {  // the chunked kernel on the KV tile (vk_chunk.cuh; plan_kv_chunk)
+    if constexpr (std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, float>) {
+      return launch_tile_kernel<decode_vk_chunk_kernel<S, K, true>>(p, lp, stream);
+    } else {
+      return cudaErrorInvalidConfiguration;
+    }
+  }
   using W = KvTileWide<S, K>;
   if (lp.tile)
     return lp.kv_wide ? launch_tile_kernel<decode_kv_tile_kernel<S, K, W::NT, W::LV>>(p, lp, stream)

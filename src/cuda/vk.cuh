@@ -445,12 +445,37 @@ constexpr int kVkTileMinBlocks = RR == 1   ? GDN_VK_TILE_MIN_BLOCKS_RR1
                                  : RR == 2 ? GDN_VK_TILE_MIN_BLOCKS_RR2
                                            : GDN_VK_TILE_MIN_BLOCKS_RR4;
 
+// The chunked kernel's state tile in shared memory (vk_chunk.cuh): rows v = row0 + r of K
+// elements k, in the layout the state has, 16-byte pieces of VE elements swizzled so that an
+// ldmatrix (eight rows of one piece) and the mma fragment loads hit distinct banks.
+// VK: RT rows r of K elements, piece c of row r at r * K + (c ^ (r & 7)) * VE.
+// KV (kKv): its transpose, K rows k of RT elements, piece c of row k at k * RT + (c ^ (k & m))
+// * VE, m = min(RT / VE, 8) - 1 (RT a power of two >= 16).
+template <typename S, int K, bool kKv>
+struct ChunkTile {
+  static constexpr int VE = kVecElems<S>;
+  S* base;
+  int rt, m;
+  __device__ ChunkTile(S* b, int RT) : base(b), rt(RT), m((RT / VE < 8 ? RT / VE : 8) - 1) {}
+  // KV: where element (v = row0 + r, k) sits in its row k, which depends on k only through
+  // k & 7: loops over k with a fixed k & 7 compute it once.
+  __device__ __forceinline__ int kv_col(int r, int k7) const { return (((r / VE) ^ (k7 & m)) * VE) + r % VE; }
+  // Element (v = row0 + r, k).
+  __device__ __forceinline__ S* elem(int r, int k) const {
+    if constexpr (kKv) {
+      return base + k * rt + kv_col(r, k & 7);
+    } else {
+      return base + r * K + ((((k / VE) ^ (r & 7)) * VE) + k % VE);
+    }
+  }
+};
+
 // The tile kernels' prologue (VK tile and chunked kernels): returns false when the block's row
 // is padding or invalid (its outputs are zeroed; nothing else to do). Afterwards the state tile
 // (RT rows of head hv from row0), the converted inputs and the gates are in shared memory and
-// visible to every thread. kChunked, the chunked kernel's layout: the 16-byte piece c of local
-// row r lands at piece c ^ (r & 7), so that one piece of eight consecutive rows (an ldmatrix)
-// hits distinct banks, and q, k stay raw bf16 rows (StageSmem::qk16) instead of fp32.
+// visible to every thread. kChunked, the chunked kernel's layout: ChunkTile's swizzled pieces,
+// and q, k stay raw bf16 rows (StageSmem::qk16) instead of fp32. kKv (chunked only): the state
+// is in the KV layout ([P, HV, K, V]) and so is the tile (ChunkTile).
 // while_state_lands() runs after the inputs are converted and before the wait for the state
 // tile (work that needs only the inputs hides under the state's latency). kDirect: no
 // conversion (the direct token loop reads the raw inputs), one barrier after everything landed.
@@ -460,13 +485,15 @@ struct NoWork {
 // Fz (fused.cuh): with the fused step, the conv computes q, k and v (fused_conv; the cluster
 // shares the q/k slices) instead of the staging copies; `fs` is its shared memory, `share` its
 // part of the conv.
-template <typename S, int K, bool kChunked, typename Work = NoWork, bool kDirect = false, typename Fz = NoFuse>
+template <typename S, int K, bool kChunked, typename Work = NoWork, bool kDirect = false, typename Fz = NoFuse,
+          bool kKv = false>
 __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, const Geometry& geo,
                                               const StageSmem& sm, S* tile_s, const BlockCoords& bc,
                                               int64_t row0, int RT, WarpSlots& slots,
                                               Work while_state_lands = {}, const FusedSmem* fs = nullptr,
                                               const FusedShare* share = nullptr) {
   static_assert(!Fz::kOn || (!kChunked && !kDirect), "the fused step stages fp32 conv outputs");
+  static_assert(!kKv || kChunked, "the KV layout takes the tile prologue in the chunked kernel only");
   const Problem& p = Fz::step(prm);
   constexpr int VE = kVecElems<S>;
   constexpr int PR = K / VE;  // 16-byte pieces per state row
@@ -477,7 +504,11 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   warm_params(prm);
   if (geo.prefetch) {
     const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
-    prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
+    if constexpr (kKv) {  // K rows of the tile's columns
+      prefetch_state_l2(p, n, hv, 0, K, row0, rows * static_cast<int>(sizeof(S)), tid, kVkThreads);
+    } else {
+      prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
+    }
   }
   if constexpr (Fz::kOn) fused_started();
   // The addresses that depend only on the parameters and the block: computed while the block
@@ -487,7 +518,8 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     plan = stage_plan(p, geo, sm, n, 0, T, hv, row0, RT);
     stage_plan_pin(plan);
   }
-  const S* head_src = static_cast<const S*>(p.state.data) + hv * p.state.s[1] + row0 * p.state.s[2];
+  // KV: the tile's columns row0.. of every row k (p.state.s[2] is then the k stride).
+  const S* head_src = static_cast<const S*>(p.state.data) + hv * p.state.s[1] + (kKv ? row0 : row0 * p.state.s[2]);
   int64_t ss0 = p.state.s[0], ss2 = p.state.s[2];
   asm volatile("" : "+l"(head_src), "+l"(ss0), "+l"(ss2));
   pdl_wait();
@@ -514,7 +546,21 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     cp_async_commit();
   }
 
-  {
+  if constexpr (kKv) {
+    const S* src = head_src + slots.read * ss0;
+    const ChunkTile<S, K, true> tile(tile_s, RT);
+    const int PRk = RT / VE;  // pieces per tile row k
+    for (int i = tid; i < K * PRk; i += kVkThreads) {
+      const int k = i / PRk, c = i % PRk;
+      S* const dst = tile.elem(c * VE, k);
+      if (row0 + c * VE < p.V) {
+        cp_async16(dst, src + k * ss2 + c * VE);
+      } else {
+        st_shared_zero16(dst);
+      }
+    }
+    cp_async_commit();
+  } else {
     const S* src = head_src + slots.read * ss0;
     for (int i = tid; i < RT * PR; i += kVkThreads) {
       const int r = i / PR, c = i % PR;

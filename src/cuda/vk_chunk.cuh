@@ -103,7 +103,8 @@ __device__ __forceinline__ void split3_bf16(float w0, float w1, uint32_t& hi, ui
 
 // P0 / P1 for one 16-row m-tile: acc[np][h] = A (16 x K, ldmatrix addresses from a_addr(k-step)) times
 // the columns np * 16 + h * 8 + [0, 8) of [q_0..q_T-1, k_0..k_T-1] (qk16 rows; zero beyond 2T).
-template <int K, typename AAddr>
+// kTransA: A is stored transposed (the KV tile: rows k), so ldmatrix.trans gives its fragment.
+template <int K, bool kTransA = false, typename AAddr>
 __device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AAddr a_addr, const uint16_t* qk,
                                            const uint16_t* zrow, int T2, int np_count, int lane) {
   constexpr int QKS = K + kQk16Pad;
@@ -119,7 +120,11 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AAddr a_addr, 
 #pragma unroll
   for (int ks = 0; ks < K / 16; ++ks) {
     uint32_t a[4];
-    ldsm_x4(a, a_addr(ks));
+    if constexpr (kTransA) {
+      ldsm_x4_trans(a, a_addr(ks));
+    } else {
+      ldsm_x4(a, a_addr(ks));
+    }
 #pragma unroll
     for (int np = 0; np < 2; ++np) {
       if (np < np_count) {
@@ -133,16 +138,15 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AAddr a_addr, 
   }
 }
 
-// P1 for an fp32 state: acc as chunk_dots, with A the m-tile's rows r0p (16-row half g) and
-// r1p (g + 8) of the swizzled fp32 tile (piece c of 4 floats of local row r at c ^ (r & 7); sw =
-// r & 7, the same for both halves), each element split into three bf16 terms, so three
-// products per B fragment. Lane (g, t4) holds columns 2 t4, 2 t4 + 1 and 8 + 2 t4, 9 + 2 t4 of
-// each k-step (the mma A-fragment layout), as float2 loads: the 8 rows of a half hit 8 distinct
-// pieces per column pair (the swizzle), so the warp's loads take the minimum two wavefronts.
-template <int K>
-__device__ __forceinline__ void chunk_dots_f32(float (&acc)[2][2][4], const float* r0p, const float* r1p, int sw,
-                                               const uint16_t* qk, const uint16_t* zrow, int T2, int np_count,
-                                               int lane) {
+// P1 for an fp32 state: acc as chunk_dots, with A the m-tile's rows of the fp32 tile, each
+// element split into three bf16 terms, so three products per B fragment. a_pair(h, k): the
+// elements (k, k + 1) of the lane's row g + 8 h of the m-tile (the mma A-fragment layout: lane
+// (g, t4) holds columns 2 t4, 2 t4 + 1 and 8 + 2 t4, 9 + 2 t4 of each k-step); ChunkTile's
+// swizzle spreads a warp's loads over distinct banks (VK: one float2 per pair, two wavefronts
+// per warp; KV: two scalars from rows k and k + 1).
+template <int K, typename APair>
+__device__ __forceinline__ void chunk_dots_f32(float (&acc)[2][2][4], APair a_pair, const uint16_t* qk,
+                                               const uint16_t* zrow, int T2, int np_count, int lane) {
   constexpr int QKS = K + kQk16Pad;
 #pragma unroll
   for (int np = 0; np < 2; ++np)
@@ -153,15 +157,13 @@ __device__ __forceinline__ void chunk_dots_f32(float (&acc)[2][2][4], const floa
   const int bcol = (lane & 7) + ((lane >> 4) << 3);
   const int bk = ((lane >> 3) & 1) << 3;
   const int t4 = lane & 3;
-  const int in = (t4 & 1) * 2;
 #pragma unroll
   for (int ks = 0; ks < K / 16; ++ks) {
-    const int o0 = (((ks * 4 + (t4 >> 1)) ^ sw) << 2) + in;      // columns 16 ks + 2 t4, + 1
-    const int o1 = (((ks * 4 + 2 + (t4 >> 1)) ^ sw) << 2) + in;  // and 8 further
-    const float2 x00 = *reinterpret_cast<const float2*>(r0p + o0);
-    const float2 x10 = *reinterpret_cast<const float2*>(r1p + o0);
-    const float2 x01 = *reinterpret_cast<const float2*>(r0p + o1);
-    const float2 x11 = *reinterpret_cast<const float2*>(r1p + o1);
+    const int k0 = ks * 16 + 2 * t4;
+    const float2 x00 = a_pair(0, k0);
+    const float2 x10 = a_pair(1, k0);
+    const float2 x01 = a_pair(0, k0 + 8);
+    const float2 x11 = a_pair(1, k0 + 8);
     uint32_t ah[4], am[4], al[4];
     split3_bf16(x00.x, x00.y, ah[0], am[0], al[0]);
     split3_bf16(x10.x, x10.y, ah[1], am[1], al[1]);
@@ -211,7 +213,10 @@ __device__ __forceinline__ void chunk_store_acc(const float (&acc)[2][2][4], flo
 template <typename S>
 constexpr int kChunkMinBlocks = std::is_same_v<S, float> ? 4 : 5;
 
-template <typename S, int K>
+// kKv: the state in the KV layout ([P, HV, K, V]); the tile keeps it (ChunkTile), ldmatrix.trans
+// and per-element fragment accesses read it as the VK rows the phases work on, and P4 stores
+// its rows k. No stochastic rounding (the planner keeps a rounding seed on the token loop).
+template <typename S, int K, bool kKv = false>
 __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     decode_vk_chunk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
   constexpr bool kF32 = std::is_same_v<S, float>;
@@ -298,15 +303,41 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     }
   };
   WarpSlots slots;
-  if (!vk_tile_begin<S, K, true>(p, geo, sm, tile_s, bc, row0, RT, slots, gram_and_tables)) return;
+  if (!vk_tile_begin<S, K, true, decltype(gram_and_tables), false, NoFuse, kKv>(p, geo, sm, tile_s, bc, row0, RT,
+                                                                               slots, gram_and_tables))
+    return;
+  const ChunkTile<S, K, kKv> tile(tile_s, RT);
 
   // P1: products of the state rows with all q_t and k_t.
   {
     float acc[2][2][4];
     for (int mt = warp; mt < mts; mt += kWarps) {
       if constexpr (kF32) {
-        const float* const r0p = tile_s + (mt * 16 + g) * K;
-        chunk_dots_f32<K>(acc, r0p, r0p + 8 * K, g, qk, zrow, T2, np_count, lane);
+        const int r = mt * 16 + g;
+        if constexpr (kKv) {
+          // The lane's k are 2 t4 and 2 t4 + 1 modulo 8: four fixed places within a row k.
+          const int c00 = tile.kv_col(r, 2 * t4), c01 = tile.kv_col(r, 2 * t4 + 1);
+          const int c10 = tile.kv_col(r + 8, 2 * t4), c11 = tile.kv_col(r + 8, 2 * t4 + 1);
+          chunk_dots_f32<K>(
+              acc,
+              [&](int h, int k) {
+                const float* const row = tile_s + k * RT;
+                return h == 0 ? make_float2(row[c00], row[RT + c01]) : make_float2(row[c10], row[RT + c11]);
+              },
+              qk, zrow, T2, np_count, lane);
+        } else {
+          chunk_dots_f32<K>(
+              acc, [&](int h, int k) { return *reinterpret_cast<const float2*>(tile.elem(r + 8 * h, k)); }, qk,
+              zrow, T2, np_count, lane);
+        }
+      } else if constexpr (kKv) {
+        // ldmatrix.trans: lanes 8 m .. 8 m + 7 address rows k = 16 ks + 8 (m >> 1) + i of the
+        // columns v = 16 mt + 8 (m & 1) .. + 7, whose transposes are the fragment's a[m].
+        const int m = lane >> 3, i = lane & 7;
+        const int v = mt * 16 + ((m & 1) << 3), kq = ((m >> 1) << 3) + i;
+        const S* const a0 = tile_s + kq * RT + tile.kv_col(v, i);  // (ks * 16 + kq) & 7 == i
+        chunk_dots<K, true>(
+            acc, [&](int ks) { return a0 + ks * 16 * RT; }, qk, zrow, T2, np_count, lane);
       } else {
         const int r = mt * 16 + arow;
         const S* const rp = tile_s + r * K;
@@ -367,7 +398,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
   const float gam_end = gT[0];
   // Stochastic rounding of the final state (the state after token T - 1), when asked for
   // (16-bit states only: an fp32 state is stored as computed).
-  const bool sr = !kF32 && p.rounding_seed != nullptr;
+  const bool sr = !kF32 && !kKv && p.rounding_seed != nullptr;
   const uint32_t key = sr ? sr_key(slots.sr_row, hv, p.T - 1) : 0u;
   uint32_t ja0, jc0, ja1, jc1;  // the LCG jumps to this lane's elements 2 * t4, 2 * t4 + 1
   sr_lcg_jump(2 * t4, ja0, jc0);
@@ -392,14 +423,23 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
       // in piece 2 nt + (t4 >> 1) of each row; the sums replace it as computed.
       constexpr int NG = 8;
       const int in = (t4 & 1) * 2;
+      // KV: the lane's k are 2 t4 and 2 t4 + 1 modulo 8 (as in P1).
+      const int c00 = kKv ? tile.kv_col(rg, 2 * t4) : 0, c01 = kKv ? tile.kv_col(rg, 2 * t4 + 1) : 0;
+      const int c10 = kKv ? tile.kv_col(rg + 8, 2 * t4) : 0, c11 = kKv ? tile.kv_col(rg + 8, 2 * t4 + 1) : 0;
 #pragma unroll
       for (int n0 = 0; n0 < K / 8; n0 += NG) {
         float2 u0[NG], u1[NG];
 #pragma unroll
         for (int i = 0; i < NG; ++i) {
-          const int off = (((2 * (n0 + i) + (t4 >> 1)) ^ sw) << 2) + in;
-          u0[i] = *reinterpret_cast<const float2*>(r0p + off);
-          u1[i] = *reinterpret_cast<const float2*>(r1p + off);
+          if constexpr (kKv) {  // elements (rg [+ 8], k) and (.., k + 1) sit in rows k, k + 1
+            const float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
+            u0[i] = make_float2(row[c00], row[RT + c01]);
+            u1[i] = make_float2(row[c10], row[RT + c11]);
+          } else {
+            const int off = (((2 * (n0 + i) + (t4 >> 1)) ^ sw) << 2) + in;
+            u0[i] = *reinterpret_cast<const float2*>(r0p + off);
+            u1[i] = *reinterpret_cast<const float2*>(r1p + off);
+          }
         }
 #pragma unroll
         for (int i = 0; i < NG; i += 2) {
@@ -418,9 +458,15 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
         }
 #pragma unroll
         for (int i = 0; i < NG; ++i) {
-          const int off = (((2 * (n0 + i) + (t4 >> 1)) ^ sw) << 2) + in;
-          *reinterpret_cast<float2*>(r0p + off) = u0[i];
-          *reinterpret_cast<float2*>(r1p + off) = u1[i];
+          if constexpr (kKv) {
+            float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
+            row[c00] = u0[i].x, row[RT + c01] = u0[i].y;
+            row[c10] = u1[i].x, row[RT + c11] = u1[i].y;
+          } else {
+            const int off = (((2 * (n0 + i) + (t4 >> 1)) ^ sw) << 2) + in;
+            *reinterpret_cast<float2*>(r0p + off) = u0[i];
+            *reinterpret_cast<float2*>(r1p + off) = u1[i];
+          }
         }
       }
     } else {
@@ -429,14 +475,22 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
       // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
       // (docs/design.md section 4): the per-block chain lies elsewhere.
       constexpr int NG = 8;
+      const int c00 = kKv ? tile.kv_col(rg, 2 * t4) : 0, c01 = kKv ? tile.kv_col(rg, 2 * t4 + 1) : 0;
+      const int c10 = kKv ? tile.kv_col(rg + 8, 2 * t4) : 0, c11 = kKv ? tile.kv_col(rg + 8, 2 * t4 + 1) : 0;
 #pragma unroll
       for (int n0 = 0; n0 < K / 8; n0 += NG) {
         uint32_t u[NG][2];
 #pragma unroll
         for (int i = 0; i < NG; ++i) {
-          const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
-          u[i][0] = *reinterpret_cast<const uint32_t*>(r0p + off);
-          u[i][1] = *reinterpret_cast<const uint32_t*>(r1p + off);
+          if constexpr (kKv) {  // the pair (k, k + 1) of a row sits in rows k, k + 1 of the tile
+            const uint16_t* const row = reinterpret_cast<const uint16_t*>(tile_s + (8 * (n0 + i) + 2 * t4) * RT);
+            u[i][0] = static_cast<uint32_t>(row[c00]) | static_cast<uint32_t>(row[RT + c01]) << 16;
+            u[i][1] = static_cast<uint32_t>(row[c10]) | static_cast<uint32_t>(row[RT + c11]) << 16;
+          } else {
+            const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
+            u[i][0] = *reinterpret_cast<const uint32_t*>(r0p + off);
+            u[i][1] = *reinterpret_cast<const uint32_t*>(r1p + off);
+          }
         }
 #pragma unroll
         for (int i = 0; i < NG; i += 2) {
@@ -472,16 +526,37 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
         }
 #pragma unroll
         for (int i = 0; i < NG; ++i) {
-          const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
-          *reinterpret_cast<uint32_t*>(r0p + off) = u[i][0];
-          *reinterpret_cast<uint32_t*>(r1p + off) = u[i][1];
+          if constexpr (kKv) {
+            uint16_t* const row = reinterpret_cast<uint16_t*>(tile_s + (8 * (n0 + i) + 2 * t4) * RT);
+            row[c00] = static_cast<uint16_t>(u[i][0]), row[RT + c01] = static_cast<uint16_t>(u[i][0] >> 16);
+            row[c10] = static_cast<uint16_t>(u[i][1]), row[RT + c11] = static_cast<uint16_t>(u[i][1] >> 16);
+          } else {
+            const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
+            *reinterpret_cast<uint32_t*>(r0p + off) = u[i][0];
+            *reinterpret_cast<uint32_t*>(r1p + off) = u[i][1];
+          }
         }
       }
     }
   }
   __syncwarp();
 
-  // P4: the warp's rows to the pool, 16-byte pieces in order (coalesced).
+  // P4: the warp's rows to the pool, 16-byte pieces in order (coalesced). KV: the warp's
+  // columns of every row k, 16 / VE pieces (32 or 64 contiguous bytes) per row.
+  if constexpr (kKv) {
+    constexpr int PM = 16 / VE;  // pieces of an m-tile's 16 columns
+    S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + row0;
+    for (int mt = warp; mt < mts; mt += kWarps) {
+      for (int i = lane; i < K * PM; i += 32) {
+        const int k = i / PM, c = mt * PM + i % PM;
+        if (row0 + c * VE >= p.V) continue;
+        Packed<S> v;
+        v.u = *reinterpret_cast<const uint4*>(tile.elem(c * VE, k));
+        store_state_vec<S, true>(dst + k * p.state.s[2] + c * VE, v);
+      }
+    }
+    return;
+  }
   S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] +
                  row0 * p.state.s[2];
   for (int mt = warp; mt < mts; mt += kWarps) {
