@@ -347,7 +347,8 @@ __device__ __forceinline__ int vk_lazy_end(const Problem& p, const StageSmem& sm
 
 // ---------------------------------------------------------------------------------------
 // General path: the state rows of a thread live in registers for all tokens; T of any
-// length (chunks of staged tokens), scalar variant for unaligned state or cache.
+// length (chunks of staged tokens), scalar variant for unaligned state or cache. kSr as in
+// decode_vk_tile_kernel.
 // ---------------------------------------------------------------------------------------
 template <typename S, int K, int R, bool kVec, bool kSr = true>
 __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
@@ -544,7 +545,9 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
 }
 
 // kDirect: the direct variant of vk_token (bf16 q, k, v, host-checked; RR <= 2). Fz: the
-// fused step (fused.cuh; its parameter is a FusedProblem).
+// fused step (fused.cuh; its parameter is a FusedProblem). kSr: the stochastic-rounding store
+// path compiled in (vk_launch.cuh, launch_vk_k, says why a call without a rounding seed takes
+// kernels without it).
 template <typename S, int K, int RR, bool kDirect = false, typename Fz = NoFuse, bool kSr = true>
 __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     decode_vk_tile_kernel(const __grid_constant__ typename Fz::Param prm, const Geometry geo) {
