@@ -261,7 +261,7 @@ __device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], f
 // whose state is neither cached nor written). wslot: warp_token_write_slot of tt.
 // kOSmem (the fused step with its norm): o goes to o_s[tt][row - row0] (rt rows per token)
 // instead of global memory, until the norm factor is known.
-template <typename S, int K, int R, bool kVec, bool kOutOnly, bool kOSmem = false>
+template <typename S, int K, int R, bool kVec, bool kOutOnly, bool kOSmem = false, bool kSr = true>
 __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, uint64_t sr_row, int64_t n,
                                                int64_t hv, int64_t tt, int64_t row, int j,
                                                const float (&st)[R][16],
@@ -290,7 +290,7 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
   if constexpr (kOutOnly) return;
   // Stochastic rounding: element (v, k) is e = v * K + k; this thread's vector i of row r
   // starts at k = (i * L + j) * VE.
-  const bool sr = p.rounding_seed != nullptr;
+  const bool sr = kSr && p.rounding_seed != nullptr;
   const uint32_t key = sr ? sr_key(sr_row, hv, tt) : 0u;
   // One destination at a time (cache, then pool): one base pointer live next to the R rows
   // (both at once spilled at R = 4, fp32, 128 registers).
@@ -319,7 +319,7 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
 // One token of the thread's R rows and its stores; every lane of the warp calls it.
 // kLazy: a token whose state is not stored (vk_lazy_end), output only.
 template <typename S, int K, int R, bool kVec, bool kLazy, int kDirectVE = 0, typename VIn = float,
-          bool kOSmem = false>
+          bool kOSmem = false, bool kSr = true>
 __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots, int64_t n,
                                         int64_t hv, int64_t tt, int64_t row, int j,
                                         float (&st)[R][16], float& gam_acc, const StageSmem& sm,
@@ -327,7 +327,7 @@ __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots
                                         int64_t row0 = 0, int rt = 0) {
   float o[VkReduce<K, R>::C];
   vk_token<K, R, kLazy, kDirectVE>(p, st, gam_acc, sm, t, j, vrow, o);
-  vk_store_token<S, K, R, kVec, kLazy, kOSmem>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt), slots.sr_row,
+  vk_store_token<S, K, R, kVec, kLazy, kOSmem, kSr>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt), slots.sr_row,
                                                n, hv, tt, row, j, st, o, o_s, row0, rt);
 }
 
@@ -347,9 +347,10 @@ __device__ __forceinline__ int vk_lazy_end(const Problem& p, const StageSmem& sm
 
 // ---------------------------------------------------------------------------------------
 // General path: the state rows of a thread live in registers for all tokens; T of any
-// length (chunks of staged tokens), scalar variant for unaligned state or cache.
+// length (chunks of staged tokens), scalar variant for unaligned state or cache. kSr as in
+// decode_vk_tile_kernel.
 // ---------------------------------------------------------------------------------------
-template <typename S, int K, int R, bool kVec>
+template <typename S, int K, int R, bool kVec, bool kSr = true>
 __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
     decode_vk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
   using Sh = VkShape<S, K, R>;
@@ -411,8 +412,8 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
     __syncthreads();
 
     for (int t = 0; t < tc; ++t)
-      vk_step<S, K, R, kVec, false>(p, slots, n, hv, t0 + t, row0 + group, j, st, gam_acc, sm, t,
-                                    sm.v + t * RB + group);
+      vk_step<S, K, R, kVec, false, 0, float, false, kSr>(p, slots, n, hv, t0 + t, row0 + group, j, st, gam_acc,
+                                                          sm, t, sm.v + t * RB + group);
   }
 }
 
@@ -590,8 +591,10 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
 }
 
 // kDirect: the direct variant of vk_token (bf16 q, k, v, host-checked; RR <= 2). Fz: the
-// fused step (fused.cuh; its parameter is a FusedProblem).
-template <typename S, int K, int RR, bool kDirect = false, typename Fz = NoFuse>
+// fused step (fused.cuh; its parameter is a FusedProblem). kSr: the stochastic-rounding store
+// path compiled in (vk_launch.cuh, launch_vk_k, says why a call without a rounding seed takes
+// kernels without it).
+template <typename S, int K, int RR, bool kDirect = false, typename Fz = NoFuse, bool kSr = true>
 __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     decode_vk_tile_kernel(const __grid_constant__ typename Fz::Param prm, const Geometry geo) {
   static_assert(RR == 1 || RR == 2 || RR == 4);
@@ -651,11 +654,12 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
       // more in instruction fetch than it saved (B = 1, T = 1: +0.27 us).
       if constexpr (VkReduce<K, RR>::kIssueBound) {
         for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
-          vk_step<S, K, RR, true, true, 0, float, Fz::kNorm>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc,
+          vk_step<S, K, RR, true, true, 0, float, Fz::kNorm, kSr>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc,
                                                              sm, t, vbase + t * RT + lr, fs.o, row0, RT);
       }
       vk_step<S, K, RR, true, false, kDirect ? VE : 0, std::remove_cv_t<std::remove_pointer_t<decltype(vbase)>>,
-              Fz::kNorm>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t, vbase + t * RT + lr, fs.o, row0, RT);
+              Fz::kNorm, kSr>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t, vbase + t * RT + lr, fs.o, row0,
+                              RT);
     }
   }
   if constexpr (Fz::kOn)

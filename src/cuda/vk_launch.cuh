@@ -7,6 +7,40 @@
 
 namespace gdn::detail::cuda {
 
+// kSr: the kernels with the stochastic-rounding store path (vk_store_token), for 16-bit states
+// given a rounding seed; every other call takes kernels without any of its code.
+template <typename S, int K, bool kSr>
+cudaError_t launch_vk_ks(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+  if (lp.tile && lp.direct) {
+    if (lp.rows_per_thread == 2)
+      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2, true, NoFuse, kSr>>(p, lp, stream);
+    return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1, true, NoFuse, kSr>>(p, lp, stream);
+  }
+  if (lp.tile) {
+    switch (lp.rows_per_thread) {
+      case 4:
+        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 4, false, NoFuse, kSr>>(p, lp, stream);
+      case 2:
+        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2, false, NoFuse, kSr>>(p, lp, stream);
+      default:
+        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1, false, NoFuse, kSr>>(p, lp, stream);
+    }
+  }
+  if (!lp.vec) return launch_kernel(decode_vk_kernel<S, K, 1, false, kSr>, p, lp, stream);
+  switch (lp.rows_per_thread) {
+    case 4:
+      return launch_kernel(decode_vk_kernel<S, K, 4, true, kSr>, p, lp, stream);
+    case 2:
+      return launch_kernel(decode_vk_kernel<S, K, 2, true, kSr>, p, lp, stream);
+    default:
+      return launch_kernel(decode_vk_kernel<S, K, 1, true, kSr>, p, lp, stream);
+  }
+}
+
+// At B = 1 a kernel's size is part of its time (its blocks run once each, and instruction
+// fetch stalls sit on the one warp's chain; a second loop body once cost +0.27 us there): the
+// rounding path compiled into every bf16 kernel is the suspect of a 0.3-0.5 us B = 1
+// regression (docs/design.md, "Where the remaining time goes"). To be measured.
 template <typename S, int K>
 cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   if (lp.chunked) {
@@ -16,29 +50,10 @@ cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t str
       return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 or fp32 state only
     }
   }
-  if (lp.tile && lp.direct) {
-    return lp.rows_per_thread == 2 ? launch_tile_kernel<decode_vk_tile_kernel<S, K, 2, true>>(p, lp, stream)
-                                   : launch_tile_kernel<decode_vk_tile_kernel<S, K, 1, true>>(p, lp, stream);
+  if constexpr (sizeof(S) == 2) {
+    if (p.rounding_seed != nullptr) return launch_vk_ks<S, K, true>(p, lp, stream);
   }
-  if (lp.tile) {
-    switch (lp.rows_per_thread) {
-      case 4:
-        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 4>>(p, lp, stream);
-      case 2:
-        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2>>(p, lp, stream);
-      default:
-        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1>>(p, lp, stream);
-    }
-  }
-  if (!lp.vec) return launch_kernel(decode_vk_kernel<S, K, 1, false>, p, lp, stream);
-  switch (lp.rows_per_thread) {
-    case 4:
-      return launch_kernel(decode_vk_kernel<S, K, 4, true>, p, lp, stream);
-    case 2:
-      return launch_kernel(decode_vk_kernel<S, K, 2, true>, p, lp, stream);
-    default:
-      return launch_kernel(decode_vk_kernel<S, K, 1, true>, p, lp, stream);
-  }
+  return launch_vk_ks<S, K, false>(p, lp, stream);
 }
 
 // Host launcher for one state dtype; instantiated once per dtype in decode_<dtype>_vk.cu.
