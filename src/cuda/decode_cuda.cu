@@ -280,15 +280,19 @@ int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
 // Measured on the H100 (Qwen3-Next pool, bf16 state, no cache; docs/design.md section 4):
 // T = 8 B = 512 545 -> 422 us, B = 16 23.7 -> 17.8; T = 4 B >= 64 2-3% faster, B = 16 equal;
 // slower at T <= 3 (T = 2 B = 512 316 -> 345) and at B <= 4 (B = 1 T = 4 5.7 -> 9.1 us).
-// An fp32 state (S0 split into three bf16 terms) from T = 6, where the token loop falls below
-// 90% of the copy kernel at B >= 64 (docs/performance.md): a prediction, not yet measured.
+// Predictions, not yet measured: an fp32 state (S0 split into three bf16 terms) from T = 6,
+// where VK's token loop falls below 90% of the copy kernel at B >= 64; the KV layout from
+// T = 2 in both dtypes, where its token loop is far slower than VK's (T = 4, B >= 64: bf16
+// 27-29% of the copy kernel, fp32 75-85%; docs/performance.md).
 constexpr int64_t kChunkMinT = 4;
 constexpr int64_t kChunkMinTF32 = 6;
+constexpr int64_t kChunkMinTKv = 2;
 constexpr int64_t kChunkMinHeads = 512;
 bool vk_chunk_pays(const Problem& p, bool f32_state) {
   const int mode = vk_chunk_mode();
   if (mode == 2) return true;
-  return mode == 1 && p.T >= (f32_state ? kChunkMinTF32 : kChunkMinT) && p.B * p.HV >= kChunkMinHeads;
+  const int64_t min_t = p.layout_kv ? kChunkMinTKv : f32_state ? kChunkMinTF32 : kChunkMinT;
+  return mode == 1 && p.T >= min_t && p.B * p.HV >= kChunkMinHeads;
 }
 
 // The direct token loop trades the block's conversion phase and one barrier for per-thread
