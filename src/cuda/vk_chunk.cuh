@@ -101,11 +101,13 @@ __device__ __forceinline__ void split3_bf16(float w0, float w1, uint32_t& hi, ui
   lo = pack2(r0 - bf16_lo(mid), r1 - bf16_hi(mid), tag);
 }
 
-// P0 / P1 for one 16-row m-tile: acc[np][h] = A (16 x K, ldmatrix addresses from a_addr(k-step)) times
-// the columns np * 16 + h * 8 + [0, 8) of [q_0..q_T-1, k_0..k_T-1] (qk16 rows; zero beyond 2T).
-// kTransA: A is stored transposed (the KV tile: rows k), so ldmatrix.trans gives its fragment.
-template <int K, bool kTransA = false, typename AAddr>
-__device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AAddr a_addr, const uint16_t* qk,
+// P0 / P1 for one 16-row m-tile: acc[np][h] = A (16 x K) times the columns np * 16 + h * 8 +
+// [0, 8) of [q_0..q_T-1, k_0..k_T-1] (qk16 rows; zero beyond 2T). a_frags(ks, a) gives the A
+// fragments of k-step ks as NA terms whose products add: one for a bf16 tile (by ldmatrix), three
+// for an fp32 tile (each element split into three bf16 terms, 24 bits; q and k are bf16, so every
+// product is exact and only the fp32 sums round).
+template <int K, int NA, typename AFrags>
+__device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AFrags a_frags, const uint16_t* qk,
                                            const uint16_t* zrow, int T2, int np_count, int lane) {
   constexpr int QKS = K + kQk16Pad;
 #pragma unroll
@@ -119,71 +121,34 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AAddr a_addr, 
   const int bk = ((lane >> 3) & 1) << 3;
 #pragma unroll
   for (int ks = 0; ks < K / 16; ++ks) {
-    uint32_t a[4];
-    if constexpr (kTransA) {
-      ldsm_x4_trans(a, a_addr(ks));
-    } else {
-      ldsm_x4(a, a_addr(ks));
-    }
+    uint32_t a[NA][4];
+    a_frags(ks, a);
 #pragma unroll
     for (int np = 0; np < 2; ++np) {
       if (np < np_count) {
         const int col = np * 16 + bcol;
         uint32_t b[4];
         ldsm_x4(b, (col < T2 ? qk + col * QKS : zrow) + ks * 16 + bk);
-        mma_bf16(acc[np][0], a, b[0], b[1]);
-        mma_bf16(acc[np][1], a, b[2], b[3]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int t = 0; t < NA; ++t) mma_bf16(acc[np][h], a[t], b[2 * h], b[2 * h + 1]);
       }
     }
   }
 }
 
-// P1 for an fp32 state: acc as chunk_dots, with A the m-tile's rows of the fp32 tile, each
-// element split into three bf16 terms, so three products per B fragment. a_pair(h, k): the
+// The three-term A fragments of an fp32 tile's m-tile for chunk_dots. a_pair(h, k): the
 // elements (k, k + 1) of the lane's row g + 8 h of the m-tile (the mma A-fragment layout: lane
 // (g, t4) holds columns 2 t4, 2 t4 + 1 and 8 + 2 t4, 9 + 2 t4 of each k-step); ChunkTile's
 // swizzle spreads a warp's loads over distinct banks (VK: one float2 per pair, two wavefronts
 // per warp; KV: two scalars from rows k and k + 1).
-template <int K, typename APair>
-__device__ __forceinline__ void chunk_dots_f32(float (&acc)[2][2][4], APair a_pair, const uint16_t* qk,
-                                               const uint16_t* zrow, int T2, int np_count, int lane) {
-  constexpr int QKS = K + kQk16Pad;
+template <typename APair>
+__device__ __forceinline__ void chunk_split_frags(APair a_pair, int ks, int lane, uint32_t (&a)[3][4]) {
+  const int k0 = ks * 16 + 2 * (lane & 3);
+  const float2 x[4] = {a_pair(0, k0), a_pair(1, k0), a_pair(0, k0 + 8), a_pair(1, k0 + 8)};
 #pragma unroll
-  for (int np = 0; np < 2; ++np)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[np][h][i] = 0.f;
-  const int bcol = (lane & 7) + ((lane >> 4) << 3);
-  const int bk = ((lane >> 3) & 1) << 3;
-  const int t4 = lane & 3;
-#pragma unroll
-  for (int ks = 0; ks < K / 16; ++ks) {
-    const int k0 = ks * 16 + 2 * t4;
-    const float2 x00 = a_pair(0, k0);
-    const float2 x10 = a_pair(1, k0);
-    const float2 x01 = a_pair(0, k0 + 8);
-    const float2 x11 = a_pair(1, k0 + 8);
-    uint32_t ah[4], am[4], al[4];
-    split3_bf16(x00.x, x00.y, ah[0], am[0], al[0]);
-    split3_bf16(x10.x, x10.y, ah[1], am[1], al[1]);
-    split3_bf16(x01.x, x01.y, ah[2], am[2], al[2]);
-    split3_bf16(x11.x, x11.y, ah[3], am[3], al[3]);
-#pragma unroll
-    for (int np = 0; np < 2; ++np) {
-      if (np < np_count) {
-        const int col = np * 16 + bcol;
-        uint32_t b[4];
-        ldsm_x4(b, (col < T2 ? qk + col * QKS : zrow) + ks * 16 + bk);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mma_bf16(acc[np][h], ah, b[2 * h], b[2 * h + 1]);
-          mma_bf16(acc[np][h], am, b[2 * h], b[2 * h + 1]);
-          mma_bf16(acc[np][h], al, b[2 * h], b[2 * h + 1]);
-        }
-      }
-    }
-  }
+  for (int i = 0; i < 4; ++i) split3_bf16(x[i].x, x[i].y, a[0][i], a[1][i], a[2][i]);
 }
 
 // The m-tile's rows [0, nrows) of acc into dst (row stride ds floats), columns < T2.
@@ -275,8 +240,8 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     for (int gt = 0; gt < np_count; ++gt) {
       const int i = gt * 16 + arow;
       const uint16_t* const ap = (i < T2 ? qk + i * QKS : zrow) + (ahalf << 3);
-      chunk_dots<K>(
-          acc, [&](int ks) { return ap + ks * 16; }, qk, zrow, T2, np_count, lane);
+      chunk_dots<K, 1>(
+          acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4(a[0], ap + ks * 16); }, qk, zrow, T2, np_count, lane);
       chunk_store_acc(acc, graw + gt * 16 * lay.gs, lay.gs, T2 - gt * 16, T2, np_count, lane);
     }
     __syncwarp();
@@ -318,17 +283,20 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
           // The lane's k are 2 t4 and 2 t4 + 1 modulo 8: four fixed places within a row k.
           const int c00 = tile.kv_col(r, 2 * t4), c01 = tile.kv_col(r, 2 * t4 + 1);
           const int c10 = tile.kv_col(r + 8, 2 * t4), c11 = tile.kv_col(r + 8, 2 * t4 + 1);
-          chunk_dots_f32<K>(
-              acc,
-              [&](int h, int k) {
-                const float* const row = tile_s + k * RT;
-                return h == 0 ? make_float2(row[c00], row[RT + c01]) : make_float2(row[c10], row[RT + c11]);
-              },
-              qk, zrow, T2, np_count, lane);
+          const auto a_pair = [&](int h, int k) {
+            const float* const row = tile_s + k * RT;
+            return h == 0 ? make_float2(row[c00], row[RT + c01]) : make_float2(row[c10], row[RT + c11]);
+          };
+          chunk_dots<K, 3>(
+              acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, qk, zrow, T2,
+              np_count, lane);
         } else {
-          chunk_dots_f32<K>(
-              acc, [&](int h, int k) { return *reinterpret_cast<const float2*>(tile.elem(r + 8 * h, k)); }, qk,
-              zrow, T2, np_count, lane);
+          const auto a_pair = [&](int h, int k) {
+            return *reinterpret_cast<const float2*>(tile.elem(r + 8 * h, k));
+          };
+          chunk_dots<K, 3>(
+              acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, qk, zrow, T2,
+              np_count, lane);
         }
       } else if constexpr (kKv) {
         // ldmatrix.trans: lanes 8 m .. 8 m + 7 address rows k = 16 ks + 8 (m >> 1) + i of the
@@ -336,15 +304,16 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
         const int m = lane >> 3, i = lane & 7;
         const int v = mt * 16 + ((m & 1) << 3), kq = ((m >> 1) << 3) + i;
         const S* const a0 = tile_s + kq * RT + tile.kv_col(v, i);  // (ks * 16 + kq) & 7 == i
-        chunk_dots<K, true>(
-            acc, [&](int ks) { return a0 + ks * 16 * RT; }, qk, zrow, T2, np_count, lane);
+        chunk_dots<K, 1>(
+            acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4_trans(a[0], a0 + ks * 16 * RT); }, qk, zrow, T2,
+            np_count, lane);
       } else {
         const int r = mt * 16 + arow;
         const S* const rp = tile_s + r * K;
         const int sw = r & 7;
-        chunk_dots<K>(
-            acc, [&](int ks) { return rp + (((ks * 2 + ahalf) ^ sw) << 3); }, qk, zrow, T2,
-            np_count, lane);
+        chunk_dots<K, 1>(
+            acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4(a[0], rp + (((ks * 2 + ahalf) ^ sw) << 3)); }, qk,
+            zrow, T2, np_count, lane);
       }
       chunk_store_acc(acc, X + mt * 16 * lay.xs, lay.xs, 16, T2, np_count, lane);
     }
