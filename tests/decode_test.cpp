@@ -637,10 +637,8 @@ TEST_P(Decode, DecodeFp32FineTiles) {
   for (const int64_t K : {64, 128, 256}) {
     SCOPED_TRACE("K=" + std::to_string(K));
     Config cfg = base(Addressing::kPool, K == 64 ? 24 : K == 128 ? 12 : 6, 1);
-    cfg.H = 16;
-    cfg.HV = 32;
+    cfg.qwen3_next_heads();
     cfg.K = K;
-    cfg.V = 128;
     cfg.padding = true;
     cfg.strides = K == 128 ? StrideMode::kPage : StrideMode::kCompact;
     cfg.out_dtype = K == 64 ? kBFloat16 : kFloat32;
@@ -651,9 +649,7 @@ TEST_P(Decode, DecodeFp32FineTiles) {
 TEST_P(Decode, Qwen3NextDecodeShape) {
   GDN_SEED();
   Config cfg = base(Addressing::kPool, 8, 1);
-  cfg.H = 16;
-  cfg.HV = 32;
-  cfg.K = cfg.V = 128;
+  cfg.qwen3_next_heads();
   cfg.state_dtype = kBFloat16;
   cfg.out_dtype = kBFloat16;
   cfg.gate_dtype = kBFloat16;
@@ -663,9 +659,7 @@ TEST_P(Decode, Qwen3NextDecodeShape) {
 TEST_P(Decode, Qwen3NextVerifyShape) {
   GDN_SEED();
   Config cfg = base(Addressing::kAccepted, 4, 4);
-  cfg.H = 16;
-  cfg.HV = 32;
-  cfg.K = cfg.V = 128;
+  cfg.qwen3_next_heads();
   cfg.state_dtype = kFloat32;
   cfg.out_dtype = kBFloat16;
   cfg.inter = InterMode::kCompact;

@@ -171,9 +171,7 @@ TEST_P(Fused, Qwen3NextLayerInAHybridCache) {
     for (int64_t T : {1, 4}) {
       SCOPED_TRACE("state " + dtype_name(sd) + " T=" + std::to_string(T));
       Config cfg = base(T == 1 ? Addressing::kPool : Addressing::kAccepted, 2, T);
-      cfg.H = 16;
-      cfg.HV = 32;
-      cfg.K = cfg.V = 128;
+      cfg.qwen3_next_heads();
       cfg.state_dtype = sd;
       cfg.strides = StrideMode::kPage;
       cfg.padding = true;
@@ -272,9 +270,7 @@ TEST_P(Fused, ServingBatchOneBlockPerQkHead) {
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
     Config cfg = base(Addressing::kPool, 34, 1);
-    cfg.H = 16;
-    cfg.HV = 32;
-    cfg.K = cfg.V = 128;
+    cfg.qwen3_next_heads();
     cfg.state_dtype = kBFloat16;
     cfg.conv_inter = false;
     v.set(cfg);

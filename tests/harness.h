@@ -192,6 +192,13 @@ struct Config {
   int64_t rows() const { return layout == StateLayout::kVK ? V : K; }
   int64_t cols() const { return layout == StateLayout::kVK ? K : V; }
   std::string name() const;
+  // Qwen3-Next's GDN heads: H = 16, HV = 32, K = V = 128.
+  Config& qwen3_next_heads() {
+    H = 16;
+    HV = 32;
+    K = V = 128;
+    return *this;
+  }
 };
 
 struct Case {
