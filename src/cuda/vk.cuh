@@ -327,8 +327,8 @@ __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots
                                         int64_t row0 = 0, int rt = 0) {
   float o[VkReduce<K, R>::C];
   vk_token<K, R, kLazy, kDirectVE>(p, st, gam_acc, sm, t, j, vrow, o);
-  vk_store_token<S, K, R, kVec, kLazy, kOSmem, kSr>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt), slots.sr_row,
-                                               n, hv, tt, row, j, st, o, o_s, row0, rt);
+  vk_store_token<S, K, R, kVec, kLazy, kOSmem, kSr>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt),
+                                                    slots.sr_row, n, hv, tt, row, j, st, o, o_s, row0, rt);
 }
 
 // Lazy tokens run from t up to the returned token (exclusive), which takes the literal step:
