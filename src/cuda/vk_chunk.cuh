@@ -186,6 +186,8 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     decode_vk_chunk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
   constexpr bool kF32 = std::is_same_v<S, float>;
   static_assert(kF32 || std::is_same_v<S, __nv_bfloat16>, "tensor-core products: bf16 or fp32 state, bf16 q/k");
+  // VK's fp32 token loop is faster at every T measured (chunk_min_heads, decode_cuda.cu).
+  static_assert(!kF32 || kKv, "an fp32 state takes the chunked kernel in the KV layout only");
   constexpr int QKS = K + kQk16Pad;
   constexpr int VE = kVecElems<S>;
   constexpr int CH = K / VE;  // 16-byte pieces per state row
@@ -278,26 +280,18 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     float acc[2][2][4];
     for (int mt = warp; mt < mts; mt += kWarps) {
       if constexpr (kF32) {
+        // KV (fp32 is KV only): the lane's k are 2 t4 and 2 t4 + 1 modulo 8, four fixed places
+        // within a row k.
         const int r = mt * 16 + g;
-        if constexpr (kKv) {
-          // The lane's k are 2 t4 and 2 t4 + 1 modulo 8: four fixed places within a row k.
-          const int c00 = tile.kv_col(r, 2 * t4), c01 = tile.kv_col(r, 2 * t4 + 1);
-          const int c10 = tile.kv_col(r + 8, 2 * t4), c11 = tile.kv_col(r + 8, 2 * t4 + 1);
-          const auto a_pair = [&](int h, int k) {
-            const float* const row = tile_s + k * RT;
-            return h == 0 ? make_float2(row[c00], row[RT + c01]) : make_float2(row[c10], row[RT + c11]);
-          };
-          chunk_dots<K, 3>(
-              acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, qk, zrow, T2,
-              np_count, lane);
-        } else {
-          const auto a_pair = [&](int h, int k) {
-            return *reinterpret_cast<const float2*>(tile.elem(r + 8 * h, k));
-          };
-          chunk_dots<K, 3>(
-              acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, qk, zrow, T2,
-              np_count, lane);
-        }
+        const int c00 = tile.kv_col(r, 2 * t4), c01 = tile.kv_col(r, 2 * t4 + 1);
+        const int c10 = tile.kv_col(r + 8, 2 * t4), c11 = tile.kv_col(r + 8, 2 * t4 + 1);
+        const auto a_pair = [&](int h, int k) {
+          const float* const row = tile_s + k * RT;
+          return h == 0 ? make_float2(row[c00], row[RT + c01]) : make_float2(row[c10], row[RT + c11]);
+        };
+        chunk_dots<K, 3>(
+            acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, qk, zrow, T2,
+            np_count, lane);
       } else if constexpr (kKv) {
         // ldmatrix.trans: lanes 8 m .. 8 m + 7 address rows k = 16 ks + 8 (m >> 1) + i of the
         // columns v = 16 mt + 8 (m & 1) .. + 7, whose transposes are the fragment's a[m].
@@ -384,31 +378,21 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     split3_bf16(wv(w1, 2 * t4), wv(w1, 2 * t4 + 1), ah[1], am[1], al[1]);
     split3_bf16(wv(w0, 2 * t4 + 8), wv(w0, 2 * t4 + 9), ah[2], am[2], al[2]);
     split3_bf16(wv(w1, 2 * t4 + 8), wv(w1, 2 * t4 + 9), ah[3], am[3], al[3]);
-    S* const r0p = tile_s + rg * K;
-    S* const r1p = r0p + 8 * K;
-    const int sw = rg & 7;  // rows rg and rg + 8 share the swizzle
     if constexpr (kF32) {
-      // fp32: the C fragment (rows rg, rg + 8; columns 2 t4, 2 t4 + 1 of n-tile nt) is a float2
-      // in piece 2 nt + (t4 >> 1) of each row; the sums replace it as computed.
+      // fp32 (KV only): the C fragment (rows rg, rg + 8; columns 2 t4, 2 t4 + 1 of n-tile nt)
+      // sits in rows k = 8 nt + 2 t4 and k + 1 of the tile, at the lane's four fixed places
+      // (k mod 8 as in P1); the sums replace it as computed.
       constexpr int NG = 8;
-      const int in = (t4 & 1) * 2;
-      // KV: the lane's k are 2 t4 and 2 t4 + 1 modulo 8 (as in P1).
-      const int c00 = kKv ? tile.kv_col(rg, 2 * t4) : 0, c01 = kKv ? tile.kv_col(rg, 2 * t4 + 1) : 0;
-      const int c10 = kKv ? tile.kv_col(rg + 8, 2 * t4) : 0, c11 = kKv ? tile.kv_col(rg + 8, 2 * t4 + 1) : 0;
+      const int c00 = tile.kv_col(rg, 2 * t4), c01 = tile.kv_col(rg, 2 * t4 + 1);
+      const int c10 = tile.kv_col(rg + 8, 2 * t4), c11 = tile.kv_col(rg + 8, 2 * t4 + 1);
 #pragma unroll
       for (int n0 = 0; n0 < K / 8; n0 += NG) {
         float2 u0[NG], u1[NG];
 #pragma unroll
         for (int i = 0; i < NG; ++i) {
-          if constexpr (kKv) {  // elements (rg [+ 8], k) and (.., k + 1) sit in rows k, k + 1
-            const float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
-            u0[i] = make_float2(row[c00], row[RT + c01]);
-            u1[i] = make_float2(row[c10], row[RT + c11]);
-          } else {
-            const int off = (((2 * (n0 + i) + (t4 >> 1)) ^ sw) << 2) + in;
-            u0[i] = *reinterpret_cast<const float2*>(r0p + off);
-            u1[i] = *reinterpret_cast<const float2*>(r1p + off);
-          }
+          const float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
+          u0[i] = make_float2(row[c00], row[RT + c01]);
+          u1[i] = make_float2(row[c10], row[RT + c11]);
         }
 #pragma unroll
         for (int i = 0; i < NG; i += 2) {
@@ -427,18 +411,15 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
         }
 #pragma unroll
         for (int i = 0; i < NG; ++i) {
-          if constexpr (kKv) {
-            float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
-            row[c00] = u0[i].x, row[RT + c01] = u0[i].y;
-            row[c10] = u1[i].x, row[RT + c11] = u1[i].y;
-          } else {
-            const int off = (((2 * (n0 + i) + (t4 >> 1)) ^ sw) << 2) + in;
-            *reinterpret_cast<float2*>(r0p + off) = u0[i];
-            *reinterpret_cast<float2*>(r1p + off) = u1[i];
-          }
+          float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
+          row[c00] = u0[i].x, row[RT + c01] = u0[i].y;
+          row[c10] = u1[i].x, row[RT + c11] = u1[i].y;
         }
       }
     } else {
+      S* const r0p = tile_s + rg * K;
+      S* const r1p = r0p + 8 * K;
+      const int sw = rg & 7;  // rows rg and rg + 8 share the swizzle
       // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
       // then its stores, so that no load waits behind the previous n-tile's store (the
       // swizzled addresses are not provably distinct). Measured equal to the interleaved loop

@@ -38,16 +38,17 @@ cudaError_t launch_vk_ks(const Problem& p, const LaunchPlan& lp, cudaStream_t st
 }
 
 // At B = 1 a kernel's size is part of its time (its blocks run once each, and instruction
-// fetch stalls sit on the one warp's chain; a second loop body once cost +0.27 us there): the
-// rounding path compiled into every bf16 kernel is the suspect of a 0.3-0.5 us B = 1
-// regression (docs/design.md, "Where the remaining time goes"). To be measured.
+// fetch stalls sit on the one warp's chain): with the rounding path compiled into every bf16
+// kernel as a runtime branch, bf16 B = 1 was 0.2-0.6 us slower. Kernels without it, measured on
+// the H100 against that (decode, pool, docs/design.md "Where the remaining time goes"):
+// Qwen3-Next bf16 T = 1 3.50 -> 3.24 us, T = 4 5.41 -> 4.79, KV T = 1 5.19 -> 4.64.
 template <typename S, int K>
 cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   if (lp.chunked) {
-    if constexpr (std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, float>) {
+    if constexpr (std::is_same_v<S, __nv_bfloat16>) {
       return launch_tile_kernel<decode_vk_chunk_kernel<S, K>>(p, lp, stream);
     } else {
-      return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 or fp32 state only
+      return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 state only (VK)
     }
   }
   if constexpr (sizeof(S) == 2) {
