@@ -80,7 +80,8 @@ bool vk_fine_enabled() {
   static const bool v = env_int("GDN_CUDA_VK_FINE", 1) != 0;
   return v;
 }
-//   GDN_CUDA_VK_CHUNK=0|1|2   T > 1 without stored intermediate states (bf16 state and q/k):
+//   GDN_CUDA_VK_CHUNK=0|1|2   T > 1 without stored intermediate states (bf16 state, or fp32 in the KV
+//                             layout; bf16 q/k):
 //                             0 the token loop, 2 the chunked kernel (vk_chunk.cuh) wherever it
 //                             applies, 1 (default) the chunked kernel where it was measured
 //                             faster (vk_chunk_pays);
@@ -276,16 +277,29 @@ int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
 }
 
 // The chunked kernel's fixed work (product, solve and update phases, each behind a barrier)
-// only pays where the token loop is issue-bound: several tokens and a grid that fills the GPU.
-// Measured on the H100 (Qwen3-Next pool, bf16 state, no cache; docs/design.md section 4):
-// T = 8 B = 512 545 -> 422 us, B = 16 23.7 -> 17.8; T = 4 B >= 64 2-3% faster, B = 16 equal;
-// slower at T <= 3 (T = 2 B = 512 316 -> 345) and at B <= 4 (B = 1 T = 4 5.7 -> 9.1 us).
-constexpr int64_t kChunkMinT = 4;
-constexpr int64_t kChunkMinHeads = 512;
-bool vk_chunk_pays(const Problem& p) {
+// only pays where the token loop is issue-bound: several tokens and enough heads. The least
+// B * HV at which it pays, per layout, state dtype and T (0: never), measured on the H100 (both
+// models, pool, no cache, GDN_CUDA_VK_CHUNK=2 against 0 on one binary; chunked/loop time;
+// docs/design.md section 4):
+// - VK bf16: T <= 4 1.00-1.68 at every B (T = 4 B = 512 1.03); T = 6 0.96-0.97 from 512
+//   heads, 1.13-1.17 at 256; T = 8 B = 512 0.80-0.84.
+// - VK fp32 (S0 split into three bf16 terms): 1.03-1.74 at every T and B measured. Never.
+// - KV bf16 (its token loop reads the state across rows): T = 2 0.69-0.94 from 256 heads,
+//   1.01-1.56 below; T = 3 0.82-0.87 from 128; T = 4 0.92-0.95 at 64, 1.10 at 32; T = 6 0.96
+//   at 32; T = 8 B = 512 0.26-0.27.
+// - KV fp32: T <= 3 0.91-1.87; T = 4 0.79-0.95 at 256..1024 heads, 0.99-1.02 beyond and below;
+//   T = 6 0.94-0.96 at 64 heads, 1.35 at 32; T = 8 0.65-0.69 from 128.
+int64_t chunk_min_heads(const Problem& p, bool f32_state) {
+  const int64_t t = p.T;
+  if (!p.layout_kv) return f32_state || t < 6 ? 0 : 512;
+  if (f32_state) return t >= 6 ? 64 : t >= 4 ? 256 : 0;
+  return t >= 6 ? 1 : t >= 4 ? 64 : t == 3 ? 128 : 256;
+}
+bool vk_chunk_pays(const Problem& p, bool f32_state) {
   const int mode = vk_chunk_mode();
   if (mode == 2) return true;
-  return mode == 1 && p.T >= kChunkMinT && p.B * p.HV >= kChunkMinHeads;
+  const int64_t min_heads = chunk_min_heads(p, f32_state);
+  return mode == 1 && min_heads > 0 && p.B * p.HV >= min_heads;
 }
 
 // The direct token loop trades the block's conversion phase and one barrier for per-thread
@@ -346,9 +360,12 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   const int group = static_cast<int>(p.HV / p.H);
   if (f != nullptr)
     while (group * (V / rt) > kMaxFusedCluster && rt < V) rt *= 2;
-  // The chunked form (vk_chunk.cuh): bf16 state and q/k, 2 <= T, only the last state stored.
+  // The chunked form (vk_chunk.cuh): a bf16 state, or an fp32 state in the KV layout (plan_kv_chunk;
+  // VK's token loop is faster at every T, chunk_min_heads), bf16 q/k, 2 <= T, only the last state
+  // stored.
   bool chunked = false;
-  if (f == nullptr && std::is_same_v<S, __nv_bfloat16> && vk_chunk_pays(p) && p.T >= 2 &&
+  constexpr bool kChunkState = std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, float>;
+  if (f == nullptr && kChunkState && (p.layout_kv || !std::is_same_v<S, float>) && vk_chunk_pays(p, std::is_same_v<S, float>) && p.T >= 2 &&
       p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) &&
       rt % 16 == 0) {
     stage_all_tokens(p, rt, lp);
@@ -405,6 +422,19 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
               p.v.dtype == DType::kBF16 && vk_direct_pays(p, lp.blocks);
   lp.cluster = f != nullptr ? group * lp.geo.tiles : 1;
   lp.geo.norm_vec = f != nullptr && fused_norm_vec_ok(*f, rt);
+  return true;
+}
+
+// KV layout, T > 1 without stored intermediate states: the chunked kernel on the KV tile
+// (vk_chunk.cuh with kKv: the same phases, the tile transposed) wherever VK's plan takes it,
+// with VK's tiles (the work and the bytes are the same), but never with a rounding seed (its
+// KV form does not round stochastically).
+template <typename S>
+bool plan_kv_chunk(const Problem& p, LaunchPlan& lp) {
+  if (p.rounding_seed != nullptr) return false;
+  LaunchPlan c;
+  if (!plan_vk_tile<S>(p, c) || !c.chunked) return false;
+  lp = c;
   return true;
 }
 
@@ -505,7 +535,7 @@ cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
   LaunchPlan plan;
   bool tiled = false;
   if (vec && tile_enabled() && p.T <= kMaxChunk)
-    tiled = p.layout_kv ? plan_kv_tile<S>(p, plan) : plan_vk_tile<S>(p, plan);
+    tiled = p.layout_kv ? plan_kv_chunk<S>(p, plan) || plan_kv_tile<S>(p, plan) : plan_vk_tile<S>(p, plan);
   if (!tiled) plan = p.layout_kv ? plan_kv<S>(p, vec) : plan_vk(p, vec);
   plan.geo.qkv_vec = qkv_vec_ok(p);
   plan.pdl = pdl_enabled();

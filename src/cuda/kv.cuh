@@ -13,6 +13,7 @@
 
 #include "common.cuh"
 #include "fused.cuh"
+#include "vk_chunk.cuh"
 
 namespace gdn::detail::cuda {
 
@@ -124,7 +125,9 @@ __device__ __forceinline__ void kv_store_o(const Problem& p, int64_t n, int64_t 
   for (int c = 0; c < VE; ++c) store_scalar(p.o.data, p.o.dtype, ob + c, o[c]);
 }
 
-template <typename S, int K, bool kVec>
+// kSr: the stochastic-rounding store path compiled in (vk_launch.cuh, launch_vk_k, says why a
+// call without a rounding seed takes kernels without it).
+template <typename S, int K, bool kVec, bool kSr = true>
 __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
     decode_kv_kernel(const __grid_constant__ Problem p, const Geometry geo) {
   using Sh = KvShape<S, K>;
@@ -222,7 +225,7 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
         S* const inter = static_cast<S*>(p.inter.data);
         const int64_t ib = n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] + col;
         const int64_t pb = wslot * ss0 + hv * ss1 + col;
-        const bool sr = p.rounding_seed != nullptr;  // element (k, v): e = k * V + v
+        const bool sr = kSr && p.rounding_seed != nullptr;  // element (k, v): e = k * V + v
         const uint32_t key = sr ? sr_key(slots.sr_row, hv, tt) : 0u;
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
@@ -293,7 +296,7 @@ __device__ __forceinline__ void kv_tile_row(const S* tile_s, const float* work, 
 
 // NT threads and LV lanes along V: kKvTileThreads and 8, or KvTileWide (same register cap).
 // Fz: the fused step (fused.cuh; its parameter is a FusedProblem).
-template <typename S, int K, int NT, int LVn, typename Fz = NoFuse>
+template <typename S, int K, int NT, int LVn, typename Fz = NoFuse, bool kSr = true>
 __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / NT)
     decode_kv_tile_kernel(const __grid_constant__ typename Fz::Param prm, const Geometry geo) {
   const Problem& p = Fz::step(prm);
@@ -425,7 +428,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     if (!to_global && !keep) continue;
     const int64_t ib = n * p.inter.s[0] + t * p.inter.s[1] + hv * p.inter.s[2] + col;
     const int64_t pb = wslot * ss0 + hv * ss1 + col;
-    const bool sr = p.rounding_seed != nullptr && to_global;  // element (k, v): e = k * V + v
+    const bool sr = kSr && p.rounding_seed != nullptr && to_global;  // element (k, v): e = k * V + v
     const uint32_t key = sr ? sr_key(slots.sr_row, hv, t) : 0u;
 #pragma unroll 4
     for (int i = 0; i < RPT; i += 4) {
@@ -457,14 +460,31 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     fused_finish<NT, Fz::kNorm>(prm, geo, share, fs, n, hv, tile, c0, VT, T);
 }
 
-template <typename S, int K>
-cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+template <typename S, int K, bool kSr>
+cudaError_t launch_kv_ks(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   using W = KvTileWide<S, K>;
   if (lp.tile)
-    return lp.kv_wide ? launch_tile_kernel<decode_kv_tile_kernel<S, K, W::NT, W::LV>>(p, lp, stream)
-                      : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads, 8>>(p, lp, stream);
-  return lp.vec ? launch_kernel(decode_kv_kernel<S, K, true>, p, lp, stream)
-                : launch_kernel(decode_kv_kernel<S, K, false>, p, lp, stream);
+    return lp.kv_wide ? launch_tile_kernel<decode_kv_tile_kernel<S, K, W::NT, W::LV, NoFuse, kSr>>(p, lp, stream)
+                      : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads, 8, NoFuse, kSr>>(p, lp, stream);
+  return lp.vec ? launch_kernel(decode_kv_kernel<S, K, true, kSr>, p, lp, stream)
+                : launch_kernel(decode_kv_kernel<S, K, false, kSr>, p, lp, stream);
+}
+
+// A 16-bit state with a rounding seed takes the kernels with the rounding path (kSr), every
+// other call kernels without it (as launch_vk_k).
+template <typename S, int K>
+cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+  if (lp.chunked) {  // the chunked kernel on the KV tile (vk_chunk.cuh; plan_kv_chunk)
+    if constexpr (std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, float>) {
+      return launch_tile_kernel<decode_vk_chunk_kernel<S, K, true>>(p, lp, stream);
+    } else {
+      return cudaErrorInvalidConfiguration;
+    }
+  }
+  if constexpr (sizeof(S) == 2) {
+    if (p.rounding_seed != nullptr) return launch_kv_ks<S, K, true>(p, lp, stream);
+  }
+  return launch_kv_ks<S, K, false>(p, lp, stream);
 }
 
 // Host launcher for one state dtype; instantiated once per dtype in decode_<dtype>_kv.cu.

@@ -261,7 +261,7 @@ __device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], f
 // whose state is neither cached nor written). wslot: warp_token_write_slot of tt.
 // kOSmem (the fused step with its norm): o goes to o_s[tt][row - row0] (rt rows per token)
 // instead of global memory, until the norm factor is known.
-template <typename S, int K, int R, bool kVec, bool kOutOnly, bool kOSmem = false>
+template <typename S, int K, int R, bool kVec, bool kOutOnly, bool kOSmem = false, bool kSr = true>
 __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, uint64_t sr_row, int64_t n,
                                                int64_t hv, int64_t tt, int64_t row, int j,
                                                const float (&st)[R][16],
@@ -290,7 +290,7 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
   if constexpr (kOutOnly) return;
   // Stochastic rounding: element (v, k) is e = v * K + k; this thread's vector i of row r
   // starts at k = (i * L + j) * VE.
-  const bool sr = p.rounding_seed != nullptr;
+  const bool sr = kSr && p.rounding_seed != nullptr;
   const uint32_t key = sr ? sr_key(sr_row, hv, tt) : 0u;
   // One destination at a time (cache, then pool): one base pointer live next to the R rows
   // (both at once spilled at R = 4, fp32, 128 registers).
@@ -319,7 +319,7 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
 // One token of the thread's R rows and its stores; every lane of the warp calls it.
 // kLazy: a token whose state is not stored (vk_lazy_end), output only.
 template <typename S, int K, int R, bool kVec, bool kLazy, int kDirectVE = 0, typename VIn = float,
-          bool kOSmem = false>
+          bool kOSmem = false, bool kSr = true>
 __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots, int64_t n,
                                         int64_t hv, int64_t tt, int64_t row, int j,
                                         float (&st)[R][16], float& gam_acc, const StageSmem& sm,
@@ -327,8 +327,8 @@ __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots
                                         int64_t row0 = 0, int rt = 0) {
   float o[VkReduce<K, R>::C];
   vk_token<K, R, kLazy, kDirectVE>(p, st, gam_acc, sm, t, j, vrow, o);
-  vk_store_token<S, K, R, kVec, kLazy, kOSmem>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt), slots.sr_row,
-                                               n, hv, tt, row, j, st, o, o_s, row0, rt);
+  vk_store_token<S, K, R, kVec, kLazy, kOSmem, kSr>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt),
+                                                    slots.sr_row, n, hv, tt, row, j, st, o, o_s, row0, rt);
 }
 
 // Lazy tokens run from t up to the returned token (exclusive), which takes the literal step:
@@ -347,9 +347,10 @@ __device__ __forceinline__ int vk_lazy_end(const Problem& p, const StageSmem& sm
 
 // ---------------------------------------------------------------------------------------
 // General path: the state rows of a thread live in registers for all tokens; T of any
-// length (chunks of staged tokens), scalar variant for unaligned state or cache.
+// length (chunks of staged tokens), scalar variant for unaligned state or cache. kSr as in
+// decode_vk_tile_kernel.
 // ---------------------------------------------------------------------------------------
-template <typename S, int K, int R, bool kVec>
+template <typename S, int K, int R, bool kVec, bool kSr = true>
 __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
     decode_vk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
   using Sh = VkShape<S, K, R>;
@@ -411,8 +412,8 @@ __global__ void __launch_bounds__(kVkThreads, kVkMinBlocks<R>)
     __syncthreads();
 
     for (int t = 0; t < tc; ++t)
-      vk_step<S, K, R, kVec, false>(p, slots, n, hv, t0 + t, row0 + group, j, st, gam_acc, sm, t,
-                                    sm.v + t * RB + group);
+      vk_step<S, K, R, kVec, false, 0, float, false, kSr>(p, slots, n, hv, t0 + t, row0 + group, j, st, gam_acc,
+                                                          sm, t, sm.v + t * RB + group);
   }
 }
 
@@ -445,12 +446,37 @@ constexpr int kVkTileMinBlocks = RR == 1   ? GDN_VK_TILE_MIN_BLOCKS_RR1
                                  : RR == 2 ? GDN_VK_TILE_MIN_BLOCKS_RR2
                                            : GDN_VK_TILE_MIN_BLOCKS_RR4;
 
+// The chunked kernel's state tile in shared memory (vk_chunk.cuh): rows v = row0 + r of K
+// elements k, in the layout the state has, 16-byte pieces of VE elements swizzled so that an
+// ldmatrix (eight rows of one piece) and the mma fragment loads hit distinct banks.
+// VK: RT rows r of K elements, piece c of row r at r * K + (c ^ (r & 7)) * VE.
+// KV (kKv): its transpose, K rows k of RT elements, piece c of row k at k * RT + (c ^ (k & m))
+// * VE, m = min(RT / VE, 8) - 1 (RT a power of two >= 16).
+template <typename S, int K, bool kKv>
+struct ChunkTile {
+  static constexpr int VE = kVecElems<S>;
+  S* base;
+  int rt, m;
+  __device__ ChunkTile(S* b, int RT) : base(b), rt(RT), m((RT / VE < 8 ? RT / VE : 8) - 1) {}
+  // KV: where element (v = row0 + r, k) sits in its row k, which depends on k only through
+  // k & 7: loops over k with a fixed k & 7 compute it once.
+  __device__ __forceinline__ int kv_col(int r, int k7) const { return (((r / VE) ^ (k7 & m)) * VE) + r % VE; }
+  // Element (v = row0 + r, k).
+  __device__ __forceinline__ S* elem(int r, int k) const {
+    if constexpr (kKv) {
+      return base + k * rt + kv_col(r, k & 7);
+    } else {
+      return base + r * K + ((((k / VE) ^ (r & 7)) * VE) + k % VE);
+    }
+  }
+};
+
 // The tile kernels' prologue (VK tile and chunked kernels): returns false when the block's row
 // is padding or invalid (its outputs are zeroed; nothing else to do). Afterwards the state tile
 // (RT rows of head hv from row0), the converted inputs and the gates are in shared memory and
-// visible to every thread. kChunked, the chunked kernel's layout: the 16-byte piece c of local
-// row r lands at piece c ^ (r & 7), so that one piece of eight consecutive rows (an ldmatrix)
-// hits distinct banks, and q, k stay raw bf16 rows (StageSmem::qk16) instead of fp32.
+// visible to every thread. kChunked, the chunked kernel's layout: ChunkTile's swizzled pieces,
+// and q, k stay raw bf16 rows (StageSmem::qk16) instead of fp32. kKv (chunked only): the state
+// is in the KV layout ([P, HV, K, V]) and so is the tile (ChunkTile).
 // while_state_lands() runs after the inputs are converted and before the wait for the state
 // tile (work that needs only the inputs hides under the state's latency). kDirect: no
 // conversion (the direct token loop reads the raw inputs), one barrier after everything landed.
@@ -460,13 +486,15 @@ struct NoWork {
 // Fz (fused.cuh): with the fused step, the conv computes q, k and v (fused_conv; the cluster
 // shares the q/k slices) instead of the staging copies; `fs` is its shared memory, `share` its
 // part of the conv.
-template <typename S, int K, bool kChunked, typename Work = NoWork, bool kDirect = false, typename Fz = NoFuse>
+template <typename S, int K, bool kChunked, typename Work = NoWork, bool kDirect = false, typename Fz = NoFuse,
+          bool kKv = false>
 __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, const Geometry& geo,
                                               const StageSmem& sm, S* tile_s, const BlockCoords& bc,
                                               int64_t row0, int RT, WarpSlots& slots,
                                               Work while_state_lands = {}, const FusedSmem* fs = nullptr,
                                               const FusedShare* share = nullptr) {
   static_assert(!Fz::kOn || (!kChunked && !kDirect), "the fused step stages fp32 conv outputs");
+  static_assert(!kKv || kChunked, "the KV layout takes the tile prologue in the chunked kernel only");
   const Problem& p = Fz::step(prm);
   constexpr int VE = kVecElems<S>;
   constexpr int PR = K / VE;  // 16-byte pieces per state row
@@ -477,7 +505,11 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   warm_params(prm);
   if (geo.prefetch) {
     const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
-    prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
+    if constexpr (kKv) {  // K rows of the tile's columns
+      prefetch_state_l2(p, n, hv, 0, K, row0, rows * static_cast<int>(sizeof(S)), tid, kVkThreads);
+    } else {
+      prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
+    }
   }
   if constexpr (Fz::kOn) fused_started();
   // The addresses that depend only on the parameters and the block: computed while the block
@@ -487,7 +519,8 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     plan = stage_plan(p, geo, sm, n, 0, T, hv, row0, RT);
     stage_plan_pin(plan);
   }
-  const S* head_src = static_cast<const S*>(p.state.data) + hv * p.state.s[1] + row0 * p.state.s[2];
+  // KV: the tile's columns row0.. of every row k (p.state.s[2] is then the k stride).
+  const S* head_src = static_cast<const S*>(p.state.data) + hv * p.state.s[1] + (kKv ? row0 : row0 * p.state.s[2]);
   int64_t ss0 = p.state.s[0], ss2 = p.state.s[2];
   asm volatile("" : "+l"(head_src), "+l"(ss0), "+l"(ss2));
   pdl_wait();
@@ -514,7 +547,21 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     cp_async_commit();
   }
 
-  {
+  if constexpr (kKv) {
+    const S* src = head_src + slots.read * ss0;
+    const ChunkTile<S, K, true> tile(tile_s, RT);
+    const int PRk = RT / VE;  // pieces per tile row k
+    for (int i = tid; i < K * PRk; i += kVkThreads) {
+      const int k = i / PRk, c = i % PRk;
+      S* const dst = tile.elem(c * VE, k);
+      if (row0 + c * VE < p.V) {
+        cp_async16(dst, src + k * ss2 + c * VE);
+      } else {
+        st_shared_zero16(dst);
+      }
+    }
+    cp_async_commit();
+  } else {
     const S* src = head_src + slots.read * ss0;
     for (int i = tid; i < RT * PR; i += kVkThreads) {
       const int r = i / PR, c = i % PR;
@@ -544,8 +591,10 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
 }
 
 // kDirect: the direct variant of vk_token (bf16 q, k, v, host-checked; RR <= 2). Fz: the
-// fused step (fused.cuh; its parameter is a FusedProblem).
-template <typename S, int K, int RR, bool kDirect = false, typename Fz = NoFuse>
+// fused step (fused.cuh; its parameter is a FusedProblem). kSr: the stochastic-rounding store
+// path compiled in (vk_launch.cuh, launch_vk_k, says why a call without a rounding seed takes
+// kernels without it).
+template <typename S, int K, int RR, bool kDirect = false, typename Fz = NoFuse, bool kSr = true>
 __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     decode_vk_tile_kernel(const __grid_constant__ typename Fz::Param prm, const Geometry geo) {
   static_assert(RR == 1 || RR == 2 || RR == 4);
@@ -605,11 +654,12 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
       // more in instruction fetch than it saved (B = 1, T = 1: +0.27 us).
       if constexpr (VkReduce<K, RR>::kIssueBound) {
         for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
-          vk_step<S, K, RR, true, true, 0, float, Fz::kNorm>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc,
+          vk_step<S, K, RR, true, true, 0, float, Fz::kNorm, kSr>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc,
                                                              sm, t, vbase + t * RT + lr, fs.o, row0, RT);
       }
       vk_step<S, K, RR, true, false, kDirect ? VE : 0, std::remove_cv_t<std::remove_pointer_t<decltype(vbase)>>,
-              Fz::kNorm>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t, vbase + t * RT + lr, fs.o, row0, RT);
+              Fz::kNorm, kSr>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t, vbase + t * RT + lr, fs.o, row0,
+                              RT);
     }
   }
   if constexpr (Fz::kOn)

@@ -1,6 +1,6 @@
 // VK layout, T = 2..16 tokens whose intermediate states are not stored (no intermediate
-// cache, no per-token slots), bf16 state with bf16 q and k: the chunked form of the T tokens,
-// its products on tensor cores.
+// cache, no per-token slots), bf16 or fp32 state with bf16 q and k: the chunked form of the T
+// tokens, its products on tensor cores.
 //
 // Why: token by token the step needs three fp32 operations per state element and token plus
 // a per-token reduction chain; without the cache that loop, not memory, bounds the call from
@@ -20,6 +20,13 @@
 // gamma * S0 and rounded once when stored (RNE, or stochastically with a rounding seed). The
 // per-token states stay implicit, which is why a call that stores them (cache, per-token
 // slots) takes the token loop of vk.cuh.
+//
+// An fp32 state takes the same phases with S0 split into three bf16 terms where it is an
+// operand (P1: S0 [q, k] as three products; the raw q and k are exact in bf16, so every
+// product is exact and only the fp32 sums round, as in the token loop), P3 accumulating onto
+// gamma * S0 in fp32 and storing fp32 (no rounding). The split is 4 operations per element
+// against the token loop's 3 per element and token, so it pays from a few tokens on, where the
+// token loop is issue-bound (docs/design.md section 4).
 //
 // Block: the tile prologue of vk.cuh (state tile of RT rows of one (n, hv) in shared memory,
 // 16-byte pieces swizzled for ldmatrix), then
@@ -94,10 +101,13 @@ __device__ __forceinline__ void split3_bf16(float w0, float w1, uint32_t& hi, ui
   lo = pack2(r0 - bf16_lo(mid), r1 - bf16_hi(mid), tag);
 }
 
-// P0 / P1 for one 16-row m-tile: acc[np][h] = A (16 x K, ldmatrix addresses from a_addr(k-step)) times
-// the columns np * 16 + h * 8 + [0, 8) of [q_0..q_T-1, k_0..k_T-1] (qk16 rows; zero beyond 2T).
-template <int K, typename AAddr>
-__device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AAddr a_addr, const uint16_t* qk,
+// P0 / P1 for one 16-row m-tile: acc[np][h] = A (16 x K) times the columns np * 16 + h * 8 +
+// [0, 8) of [q_0..q_T-1, k_0..k_T-1] (qk16 rows; zero beyond 2T). a_frags(ks, a) gives the A
+// fragments of k-step ks as NA terms whose products add: one for a bf16 tile (by ldmatrix), three
+// for an fp32 tile (each element split into three bf16 terms, 24 bits; q and k are bf16, so every
+// product is exact and only the fp32 sums round).
+template <int K, int NA, typename AFrags>
+__device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AFrags a_frags, const uint16_t* qk,
                                            const uint16_t* zrow, int T2, int np_count, int lane) {
   constexpr int QKS = K + kQk16Pad;
 #pragma unroll
@@ -111,19 +121,34 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AAddr a_addr, 
   const int bk = ((lane >> 3) & 1) << 3;
 #pragma unroll
   for (int ks = 0; ks < K / 16; ++ks) {
-    uint32_t a[4];
-    ldsm_x4(a, a_addr(ks));
+    uint32_t a[NA][4];
+    a_frags(ks, a);
 #pragma unroll
     for (int np = 0; np < 2; ++np) {
       if (np < np_count) {
         const int col = np * 16 + bcol;
         uint32_t b[4];
         ldsm_x4(b, (col < T2 ? qk + col * QKS : zrow) + ks * 16 + bk);
-        mma_bf16(acc[np][0], a, b[0], b[1]);
-        mma_bf16(acc[np][1], a, b[2], b[3]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int t = 0; t < NA; ++t) mma_bf16(acc[np][h], a[t], b[2 * h], b[2 * h + 1]);
       }
     }
   }
+}
+
+// The three-term A fragments of an fp32 tile's m-tile for chunk_dots. a_pair(h, k): the
+// elements (k, k + 1) of the lane's row g + 8 h of the m-tile (the mma A-fragment layout: lane
+// (g, t4) holds columns 2 t4, 2 t4 + 1 and 8 + 2 t4, 9 + 2 t4 of each k-step); ChunkTile's
+// swizzle spreads a warp's loads over distinct banks (VK: one float2 per pair, two wavefronts
+// per warp; KV: two scalars from rows k and k + 1).
+template <typename APair>
+__device__ __forceinline__ void chunk_split_frags(APair a_pair, int ks, int lane, uint32_t (&a)[3][4]) {
+  const int k0 = ks * 16 + 2 * (lane & 3);
+  const float2 x[4] = {a_pair(0, k0), a_pair(1, k0), a_pair(0, k0 + 8), a_pair(1, k0 + 8)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) split3_bf16(x[i].x, x[i].y, a[0][i], a[1][i], a[2][i]);
 }
 
 // The m-tile's rows [0, nrows) of acc into dst (row stride ds floats), columns < T2.
@@ -147,19 +172,30 @@ __device__ __forceinline__ void chunk_store_acc(const float (&acc)[2][2][4], flo
     }
 }
 
-// Five resident blocks (96 registers, no spills): shared memory admits them up to T = 4 (44 KB
-// at K = 128), measured T = 4 B = 512 370 -> 346 us; from T = 6 (49-54 KB) it stays at four.
-template <typename S, int K>
-__global__ void __launch_bounds__(kVkThreads, 5)
+// bf16: five resident blocks (96 registers, no spills): shared memory admits them up to T = 4
+// (44 KB at K = 128), measured T = 4 B = 512 370 -> 346 us; from T = 6 (49-54 KB) it stays at
+// four. fp32: the tile alone is 32 KB at the default 64 rows of K = 128: four at most.
+template <typename S>
+constexpr int kChunkMinBlocks = std::is_same_v<S, float> ? 4 : 5;
+
+// kKv: the state in the KV layout ([P, HV, K, V]); the tile keeps it (ChunkTile), ldmatrix.trans
+// and per-element fragment accesses read it as the VK rows the phases work on, and P4 stores
+// its rows k. No stochastic rounding (the planner keeps a rounding seed on the token loop).
+template <typename S, int K, bool kKv = false>
+__global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     decode_vk_chunk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
-  static_assert(std::is_same_v<S, __nv_bfloat16>, "tensor-core products need bf16 state and q/k");
+  constexpr bool kF32 = std::is_same_v<S, float>;
+  static_assert(kF32 || std::is_same_v<S, __nv_bfloat16>, "tensor-core products: bf16 or fp32 state, bf16 q/k");
+  // VK's fp32 token loop is faster at every T measured (chunk_min_heads, decode_cuda.cu).
+  static_assert(!kF32 || kKv, "an fp32 state takes the chunked kernel in the KV layout only");
   constexpr int QKS = K + kQk16Pad;
-  constexpr int CH = K / 8;  // 16-byte pieces per state row
+  constexpr int VE = kVecElems<S>;
+  constexpr int CH = K / VE;  // 16-byte pieces per state row
   constexpr int kWarps = kVkThreads / 32;
   const int RT = geo.tile_rows;  // a multiple of 16 (host-checked)
   const int T = static_cast<int>(p.T);
   const int T2 = 2 * T;
-  const VkChunkSmem lay(RT, K, T, geo.raw_bytes, 2);
+  const VkChunkSmem lay(RT, K, T, geo.raw_bytes, static_cast<int>(sizeof(S)));
 
   extern __shared__ float4 smem4[];
   unsigned char* const base = reinterpret_cast<unsigned char*>(smem4);
@@ -206,8 +242,8 @@ __global__ void __launch_bounds__(kVkThreads, 5)
     for (int gt = 0; gt < np_count; ++gt) {
       const int i = gt * 16 + arow;
       const uint16_t* const ap = (i < T2 ? qk + i * QKS : zrow) + (ahalf << 3);
-      chunk_dots<K>(
-          acc, [&](int ks) { return ap + ks * 16; }, qk, zrow, T2, np_count, lane);
+      chunk_dots<K, 1>(
+          acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4(a[0], ap + ks * 16); }, qk, zrow, T2, np_count, lane);
       chunk_store_acc(acc, graw + gt * 16 * lay.gs, lay.gs, T2 - gt * 16, T2, np_count, lane);
     }
     __syncwarp();
@@ -234,18 +270,45 @@ __global__ void __launch_bounds__(kVkThreads, 5)
     }
   };
   WarpSlots slots;
-  if (!vk_tile_begin<S, K, true>(p, geo, sm, tile_s, bc, row0, RT, slots, gram_and_tables)) return;
+  if (!vk_tile_begin<S, K, true, decltype(gram_and_tables), false, NoFuse, kKv>(p, geo, sm, tile_s, bc, row0, RT,
+                                                                               slots, gram_and_tables))
+    return;
+  const ChunkTile<S, K, kKv> tile(tile_s, RT);
 
   // P1: products of the state rows with all q_t and k_t.
   {
     float acc[2][2][4];
     for (int mt = warp; mt < mts; mt += kWarps) {
-      const int r = mt * 16 + arow;
-      const S* const rp = tile_s + r * K;
-      const int sw = r & 7;
-      chunk_dots<K>(
-          acc, [&](int ks) { return rp + (((ks * 2 + ahalf) ^ sw) << 3); }, qk, zrow, T2,
-          np_count, lane);
+      if constexpr (kF32) {
+        // KV (fp32 is KV only): the lane's k are 2 t4 and 2 t4 + 1 modulo 8, four fixed places
+        // within a row k.
+        const int r = mt * 16 + g;
+        const int c00 = tile.kv_col(r, 2 * t4), c01 = tile.kv_col(r, 2 * t4 + 1);
+        const int c10 = tile.kv_col(r + 8, 2 * t4), c11 = tile.kv_col(r + 8, 2 * t4 + 1);
+        const auto a_pair = [&](int h, int k) {
+          const float* const row = tile_s + k * RT;
+          return h == 0 ? make_float2(row[c00], row[RT + c01]) : make_float2(row[c10], row[RT + c11]);
+        };
+        chunk_dots<K, 3>(
+            acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, qk, zrow, T2,
+            np_count, lane);
+      } else if constexpr (kKv) {
+        // ldmatrix.trans: lanes 8 m .. 8 m + 7 address rows k = 16 ks + 8 (m >> 1) + i of the
+        // columns v = 16 mt + 8 (m & 1) .. + 7, whose transposes are the fragment's a[m].
+        const int m = lane >> 3, i = lane & 7;
+        const int v = mt * 16 + ((m & 1) << 3), kq = ((m >> 1) << 3) + i;
+        const S* const a0 = tile_s + kq * RT + tile.kv_col(v, i);  // (ks * 16 + kq) & 7 == i
+        chunk_dots<K, 1>(
+            acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4_trans(a[0], a0 + ks * 16 * RT); }, qk, zrow, T2,
+            np_count, lane);
+      } else {
+        const int r = mt * 16 + arow;
+        const S* const rp = tile_s + r * K;
+        const int sw = r & 7;
+        chunk_dots<K, 1>(
+            acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4(a[0], rp + (((ks * 2 + ahalf) ^ sw) << 3)); }, qk,
+            zrow, T2, np_count, lane);
+      }
       chunk_store_acc(acc, X + mt * 16 * lay.xs, lay.xs, 16, T2, np_count, lane);
     }
   }
@@ -296,8 +359,9 @@ __global__ void __launch_bounds__(kVkThreads, 5)
   // 16 tokens, zero beyond T) as three bf16 terms; B = k rows by ldmatrix.trans (tokens beyond
   // T read the zero row); C starts as gamma * S0.
   const float gam_end = gT[0];
-  // Stochastic rounding of the final state (the state after token T - 1), when asked for.
-  const bool sr = p.rounding_seed != nullptr;
+  // Stochastic rounding of the final state (the state after token T - 1), when asked for
+  // (16-bit states only: an fp32 state is stored as computed).
+  const bool sr = !kF32 && !kKv && p.rounding_seed != nullptr;
   const uint32_t key = sr ? sr_key(slots.sr_row, hv, p.T - 1) : 0u;
   uint32_t ja0, jc0, ja1, jc1;  // the LCG jumps to this lane's elements 2 * t4, 2 * t4 + 1
   sr_lcg_jump(2 * t4, ja0, jc0);
@@ -314,66 +378,135 @@ __global__ void __launch_bounds__(kVkThreads, 5)
     split3_bf16(wv(w1, 2 * t4), wv(w1, 2 * t4 + 1), ah[1], am[1], al[1]);
     split3_bf16(wv(w0, 2 * t4 + 8), wv(w0, 2 * t4 + 9), ah[2], am[2], al[2]);
     split3_bf16(wv(w1, 2 * t4 + 8), wv(w1, 2 * t4 + 9), ah[3], am[3], al[3]);
-    S* const r0p = tile_s + rg * K;
-    S* const r1p = r0p + 8 * K;
-    const int sw = rg & 7;  // rows rg and rg + 8 share the swizzle
-    // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
-    // then its stores, so that no load waits behind the previous n-tile's store (the
-    // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
-    // (docs/design.md section 4): the per-block chain lies elsewhere.
-    constexpr int NG = 8;
+    if constexpr (kF32) {
+      // fp32 (KV only): the C fragment (rows rg, rg + 8; columns 2 t4, 2 t4 + 1 of n-tile nt)
+      // sits in rows k = 8 nt + 2 t4 and k + 1 of the tile, at the lane's four fixed places
+      // (k mod 8 as in P1); the sums replace it as computed.
+      constexpr int NG = 8;
+      const int c00 = tile.kv_col(rg, 2 * t4), c01 = tile.kv_col(rg, 2 * t4 + 1);
+      const int c10 = tile.kv_col(rg + 8, 2 * t4), c11 = tile.kv_col(rg + 8, 2 * t4 + 1);
 #pragma unroll
-    for (int n0 = 0; n0 < K / 8; n0 += NG) {
-      uint32_t u[NG][2];
+      for (int n0 = 0; n0 < K / 8; n0 += NG) {
+        float2 u0[NG], u1[NG];
 #pragma unroll
-      for (int i = 0; i < NG; ++i) {
-        const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
-        u[i][0] = *reinterpret_cast<const uint32_t*>(r0p + off);
-        u[i][1] = *reinterpret_cast<const uint32_t*>(r1p + off);
-      }
+        for (int i = 0; i < NG; ++i) {
+          const float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
+          u0[i] = make_float2(row[c00], row[RT + c01]);
+          u1[i] = make_float2(row[c10], row[RT + c11]);
+        }
 #pragma unroll
-      for (int i = 0; i < NG; i += 2) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, bp + (n0 + i) * 8);
-        // Stochastic rounding: the lanes of a quad (same rows) share the hashes of the four
-        // groups of 8 elements they store here (n-tiles i, i + 1; rows rg, rg + 8): lane t4
-        // computes group (h = t4 & 1, row half t4 >> 1) and the quad reads them by shuffle
-        // (each lane computing all four cost the chunked kernel +30% at T = 4).
-        uint32_t gseed = 0;
-        if (sr)
-          gseed = sr_group_seed(key, (((row0 + rg) * K + (n0 + i + (t4 & 1)) * 8) >> 3) + (t4 >> 1) * K);
+        for (int i = 0; i < NG; i += 2) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, bp + (n0 + i) * 8);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float acc[4] = {gam_end * bf16_lo(u[i + h][0]), gam_end * bf16_hi(u[i + h][0]),
-                          gam_end * bf16_lo(u[i + h][1]), gam_end * bf16_hi(u[i + h][1])};
-          mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
-          mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
-          mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
-          if (sr) {  // element (v, k): e = v * K + k; this lane's pair is 2 * t4, 2 * t4 + 1 of its group
-            const int quad = lane & ~3;
-            const uint32_t x0 = __shfl_sync(0xffffffffu, gseed, quad | h);
-            const uint32_t x1 = __shfl_sync(0xffffffffu, gseed, quad | 2 | h);
-            u[i + h][0] = sr_pack2(acc[0], acc[1], (x0 * ja0 + jc0) >> 16, (x0 * ja1 + jc1) >> 16,
-                                   static_cast<S*>(nullptr));
-            u[i + h][1] = sr_pack2(acc[2], acc[3], (x1 * ja0 + jc0) >> 16, (x1 * ja1 + jc1) >> 16,
-                                   static_cast<S*>(nullptr));
-          } else {
-            u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
-            u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
+          for (int h = 0; h < 2; ++h) {
+            float acc[4] = {gam_end * u0[i + h].x, gam_end * u0[i + h].y, gam_end * u1[i + h].x,
+                            gam_end * u1[i + h].y};
+            mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
+            mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
+            mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
+            u0[i + h] = make_float2(acc[0], acc[1]);
+            u1[i + h] = make_float2(acc[2], acc[3]);
           }
         }
-      }
 #pragma unroll
-      for (int i = 0; i < NG; ++i) {
-        const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
-        *reinterpret_cast<uint32_t*>(r0p + off) = u[i][0];
-        *reinterpret_cast<uint32_t*>(r1p + off) = u[i][1];
+        for (int i = 0; i < NG; ++i) {
+          float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
+          row[c00] = u0[i].x, row[RT + c01] = u0[i].y;
+          row[c10] = u1[i].x, row[RT + c11] = u1[i].y;
+        }
+      }
+    } else {
+      S* const r0p = tile_s + rg * K;
+      S* const r1p = r0p + 8 * K;
+      const int sw = rg & 7;  // rows rg and rg + 8 share the swizzle
+      // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
+      // then its stores, so that no load waits behind the previous n-tile's store (the
+      // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
+      // (docs/design.md section 4): the per-block chain lies elsewhere.
+      constexpr int NG = 8;
+      const int c00 = kKv ? tile.kv_col(rg, 2 * t4) : 0, c01 = kKv ? tile.kv_col(rg, 2 * t4 + 1) : 0;
+      const int c10 = kKv ? tile.kv_col(rg + 8, 2 * t4) : 0, c11 = kKv ? tile.kv_col(rg + 8, 2 * t4 + 1) : 0;
+#pragma unroll
+      for (int n0 = 0; n0 < K / 8; n0 += NG) {
+        uint32_t u[NG][2];
+#pragma unroll
+        for (int i = 0; i < NG; ++i) {
+          if constexpr (kKv) {  // the pair (k, k + 1) of a row sits in rows k, k + 1 of the tile
+            const uint16_t* const row = reinterpret_cast<const uint16_t*>(tile_s + (8 * (n0 + i) + 2 * t4) * RT);
+            u[i][0] = static_cast<uint32_t>(row[c00]) | static_cast<uint32_t>(row[RT + c01]) << 16;
+            u[i][1] = static_cast<uint32_t>(row[c10]) | static_cast<uint32_t>(row[RT + c11]) << 16;
+          } else {
+            const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
+            u[i][0] = *reinterpret_cast<const uint32_t*>(r0p + off);
+            u[i][1] = *reinterpret_cast<const uint32_t*>(r1p + off);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < NG; i += 2) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, bp + (n0 + i) * 8);
+          // Stochastic rounding: the lanes of a quad (same rows) share the hashes of the four
+          // groups of 8 elements they store here (n-tiles i, i + 1; rows rg, rg + 8): lane t4
+          // computes group (h = t4 & 1, row half t4 >> 1) and the quad reads them by shuffle
+          // (each lane computing all four cost the chunked kernel +30% at T = 4).
+          uint32_t gseed = 0;
+          if (sr)
+            gseed = sr_group_seed(key, (((row0 + rg) * K + (n0 + i + (t4 & 1)) * 8) >> 3) + (t4 >> 1) * K);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float acc[4] = {gam_end * bf16_lo(u[i + h][0]), gam_end * bf16_hi(u[i + h][0]),
+                            gam_end * bf16_lo(u[i + h][1]), gam_end * bf16_hi(u[i + h][1])};
+            mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
+            mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
+            mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
+            if (sr) {  // element (v, k): e = v * K + k; this lane's pair is 2 * t4, 2 * t4 + 1 of its group
+              const int quad = lane & ~3;
+              const uint32_t x0 = __shfl_sync(0xffffffffu, gseed, quad | h);
+              const uint32_t x1 = __shfl_sync(0xffffffffu, gseed, quad | 2 | h);
+              u[i + h][0] = sr_pack2(acc[0], acc[1], (x0 * ja0 + jc0) >> 16, (x0 * ja1 + jc1) >> 16,
+                                     static_cast<S*>(nullptr));
+              u[i + h][1] = sr_pack2(acc[2], acc[3], (x1 * ja0 + jc0) >> 16, (x1 * ja1 + jc1) >> 16,
+                                     static_cast<S*>(nullptr));
+            } else {
+              u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
+              u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < NG; ++i) {
+          if constexpr (kKv) {
+            uint16_t* const row = reinterpret_cast<uint16_t*>(tile_s + (8 * (n0 + i) + 2 * t4) * RT);
+            row[c00] = static_cast<uint16_t>(u[i][0]), row[RT + c01] = static_cast<uint16_t>(u[i][0] >> 16);
+            row[c10] = static_cast<uint16_t>(u[i][1]), row[RT + c11] = static_cast<uint16_t>(u[i][1] >> 16);
+          } else {
+            const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
+            *reinterpret_cast<uint32_t*>(r0p + off) = u[i][0];
+            *reinterpret_cast<uint32_t*>(r1p + off) = u[i][1];
+          }
+        }
       }
     }
   }
   __syncwarp();
 
-  // P4: the warp's rows to the pool, 16-byte pieces in order (coalesced).
+  // P4: the warp's rows to the pool, 16-byte pieces in order (coalesced). KV: the warp's
+  // columns of every row k, 16 / VE pieces (32 or 64 contiguous bytes) per row.
+  if constexpr (kKv) {
+    constexpr int PM = 16 / VE;  // pieces of an m-tile's 16 columns
+    S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + row0;
+    for (int mt = warp; mt < mts; mt += kWarps) {
+      for (int i = lane; i < K * PM; i += 32) {
+        const int k = i / PM, c = mt * PM + i % PM;
+        if (row0 + c * VE >= p.V) continue;
+        Packed<S> v;
+        v.u = *reinterpret_cast<const uint4*>(tile.elem(c * VE, k));
+        store_state_vec<S, true>(dst + k * p.state.s[2] + c * VE, v);
+      }
+    }
+    return;
+  }
   S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] +
                  row0 * p.state.s[2];
   for (int mt = warp; mt < mts; mt += kWarps) {
@@ -381,8 +514,8 @@ __global__ void __launch_bounds__(kVkThreads, 5)
       const int r = mt * 16 + i / CH, c = i % CH;
       if (row0 + r >= p.V) continue;
       Packed<S> v;
-      v.u = *reinterpret_cast<const uint4*>(tile_s + r * K + ((c ^ (r & 7)) << 3));
-      store_state_vec<S, true>(dst + r * p.state.s[2] + c * 8, v);
+      v.u = *reinterpret_cast<const uint4*>(tile_s + r * K + (c ^ (r & 7)) * VE);
+      store_state_vec<S, true>(dst + r * p.state.s[2] + c * VE, v);
     }
   }
 }

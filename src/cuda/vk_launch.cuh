@@ -7,38 +7,54 @@
 
 namespace gdn::detail::cuda {
 
+// kSr: the kernels with the stochastic-rounding store path (vk_store_token), for 16-bit states
+// given a rounding seed; every other call takes kernels without any of its code.
+template <typename S, int K, bool kSr>
+cudaError_t launch_vk_ks(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
+  if (lp.tile && lp.direct) {
+    if (lp.rows_per_thread == 2)
+      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2, true, NoFuse, kSr>>(p, lp, stream);
+    return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1, true, NoFuse, kSr>>(p, lp, stream);
+  }
+  if (lp.tile) {
+    switch (lp.rows_per_thread) {
+      case 4:
+        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 4, false, NoFuse, kSr>>(p, lp, stream);
+      case 2:
+        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2, false, NoFuse, kSr>>(p, lp, stream);
+      default:
+        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1, false, NoFuse, kSr>>(p, lp, stream);
+    }
+  }
+  if (!lp.vec) return launch_kernel(decode_vk_kernel<S, K, 1, false, kSr>, p, lp, stream);
+  switch (lp.rows_per_thread) {
+    case 4:
+      return launch_kernel(decode_vk_kernel<S, K, 4, true, kSr>, p, lp, stream);
+    case 2:
+      return launch_kernel(decode_vk_kernel<S, K, 2, true, kSr>, p, lp, stream);
+    default:
+      return launch_kernel(decode_vk_kernel<S, K, 1, true, kSr>, p, lp, stream);
+  }
+}
+
+// At B = 1 a kernel's size is part of its time (its blocks run once each, and instruction
+// fetch stalls sit on the one warp's chain): with the rounding path compiled into every bf16
+// kernel as a runtime branch, bf16 B = 1 was 0.2-0.6 us slower. Kernels without it, measured on
+// the H100 against that (decode, pool, docs/design.md "Where the remaining time goes"):
+// Qwen3-Next bf16 T = 1 3.50 -> 3.24 us, T = 4 5.41 -> 4.79, KV T = 1 5.19 -> 4.64.
 template <typename S, int K>
 cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   if (lp.chunked) {
     if constexpr (std::is_same_v<S, __nv_bfloat16>) {
       return launch_tile_kernel<decode_vk_chunk_kernel<S, K>>(p, lp, stream);
     } else {
-      return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 state only
+      return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 state only (VK)
     }
   }
-  if (lp.tile && lp.direct) {
-    return lp.rows_per_thread == 2 ? launch_tile_kernel<decode_vk_tile_kernel<S, K, 2, true>>(p, lp, stream)
-                                   : launch_tile_kernel<decode_vk_tile_kernel<S, K, 1, true>>(p, lp, stream);
+  if constexpr (sizeof(S) == 2) {
+    if (p.rounding_seed != nullptr) return launch_vk_ks<S, K, true>(p, lp, stream);
   }
-  if (lp.tile) {
-    switch (lp.rows_per_thread) {
-      case 4:
-        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 4>>(p, lp, stream);
-      case 2:
-        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2>>(p, lp, stream);
-      default:
-        return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1>>(p, lp, stream);
-    }
-  }
-  if (!lp.vec) return launch_kernel(decode_vk_kernel<S, K, 1, false>, p, lp, stream);
-  switch (lp.rows_per_thread) {
-    case 4:
-      return launch_kernel(decode_vk_kernel<S, K, 4, true>, p, lp, stream);
-    case 2:
-      return launch_kernel(decode_vk_kernel<S, K, 2, true>, p, lp, stream);
-    default:
-      return launch_kernel(decode_vk_kernel<S, K, 1, true>, p, lp, stream);
-  }
+  return launch_vk_ks<S, K, false>(p, lp, stream);
 }
 
 // Host launcher for one state dtype; instantiated once per dtype in decode_<dtype>_vk.cu.
