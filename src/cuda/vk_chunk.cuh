@@ -181,13 +181,17 @@ constexpr int kChunkMinBlocks = std::is_same_v<S, float> ? 4 : 5;
 // kKv: the state in the KV layout ([P, HV, K, V]); the tile keeps it (ChunkTile), ldmatrix.trans
 // and per-element fragment accesses read it as the VK rows the phases work on, and P4 stores
 // its rows k. No stochastic rounding (the planner keeps a rounding seed on the token loop).
-template <typename S, int K, bool kKv = false>
+// kSr: the stochastic-rounding store (bf16 VK with a rounding seed); the kernel without it has
+// none of its code (as the token loop's kernels, vk_launch.cuh: its runtime branch alone cost the
+// kernel ~10% at T = 4).
+template <typename S, int K, bool kKv = false, bool kSr = false>
 __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     decode_vk_chunk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
   constexpr bool kF32 = std::is_same_v<S, float>;
   static_assert(kF32 || std::is_same_v<S, __nv_bfloat16>, "tensor-core products: bf16 or fp32 state, bf16 q/k");
   // VK's fp32 token loop is faster at every T measured (chunk_min_heads, decode_cuda.cu).
   static_assert(!kF32 || kKv, "an fp32 state takes the chunked kernel in the KV layout only");
+  static_assert(!kSr || (!kF32 && !kKv), "stochastic rounding in the chunked kernel: bf16 VK only");
   constexpr int QKS = K + kQk16Pad;
   constexpr int VE = kVecElems<S>;
   constexpr int CH = K / VE;  // 16-byte pieces per state row
@@ -361,7 +365,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
   const float gam_end = gT[0];
   // Stochastic rounding of the final state (the state after token T - 1), when asked for
   // (16-bit states only: an fp32 state is stored as computed).
-  const bool sr = !kF32 && !kKv && p.rounding_seed != nullptr;
+  constexpr bool sr = kSr;  // the launcher picks kSr only with a rounding seed
   const uint32_t key = sr ? sr_key(slots.sr_row, hv, p.T - 1) : 0u;
   uint32_t ja0, jc0, ja1, jc1;  // the LCG jumps to this lane's elements 2 * t4, 2 * t4 + 1
   sr_lcg_jump(2 * t4, ja0, jc0);

@@ -46,7 +46,8 @@ template <typename S, int K>
 cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   if (lp.chunked) {
     if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-      return launch_tile_kernel<decode_vk_chunk_kernel<S, K>>(p, lp, stream);
+      return p.rounding_seed != nullptr ? launch_tile_kernel<decode_vk_chunk_kernel<S, K, false, true>>(p, lp, stream)
+                                        : launch_tile_kernel<decode_vk_chunk_kernel<S, K, false, false>>(p, lp, stream);
     } else {
       return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 state only (VK)
     }
