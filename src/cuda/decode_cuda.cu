@@ -427,9 +427,9 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
 }
 
 // KV layout, T > 1 without stored intermediate states: the chunked kernel on the KV tile
-// (vk_chunk.cuh with kKv: the same phases, the tile transposed) wherever VK's plan takes it,
-// with VK's tiles (the work and the bytes are the same), but never with a rounding seed (its
-// KV form does not round stochastically).
+// (vk_chunk.cuh with kKv: the same phases, the tile transposed) where chunk_min_heads' KV rules
+// say it pays, with VK's tiles (the work and the bytes are the same), but never with a
+// rounding seed (its KV form does not round stochastically).
 template <typename S>
 bool plan_kv_chunk(const Problem& p, LaunchPlan& lp) {
   if (p.rounding_seed != nullptr) return false;
