@@ -366,9 +366,9 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   // stored.
   bool chunked = false;
   constexpr bool kChunkState = std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, float>;
-  if (f == nullptr && kChunkState && (p.layout_kv || !std::is_same_v<S, float>) && vk_chunk_pays(p, std::is_same_v<S, float>) && p.T >= 2 &&
-      p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) &&
-      rt % 16 == 0) {
+  constexpr bool kF32 = std::is_same_v<S, float>;
+  if (f == nullptr && kChunkState && (p.layout_kv || !kF32) && vk_chunk_pays(p, kF32) && p.T >= 2 &&
+      p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) && rt % 16 == 0) {
     stage_all_tokens(p, rt, lp);
     const VkChunkSmem lay(rt, static_cast<int>(p.K), static_cast<int>(p.T), lp.geo.raw_bytes,
                           static_cast<int>(sizeof(S)));
