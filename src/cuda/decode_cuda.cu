@@ -284,7 +284,8 @@ int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
 // - VK bf16 (28dc9a3: both kernels without the rounding code): T <= 3 1.00-2.33 at every B;
 //   T = 4 0.89-0.98 from 512 heads, 1.04-1.14 at 128-256; T = 6 0.79-0.90 from 512; T = 8
 //   B = 512 0.73-0.75.
-// - VK fp32 (S0 split into three bf16 terms): 1.03-1.74 at every T and B measured. Never.
+// - VK fp32 (S0 split into three bf16 terms): 1.03-1.74 at every T and B measured, so the kernel
+//   has no VK fp32 form (plan_vk_tile).
 // - KV bf16 (its token loop reads the state across rows): T = 2 0.69-0.94 from 256 heads,
 //   1.01-1.56 below; T = 3 0.82-0.87 from 128; T = 4 0.92-0.95 at 64, 1.10 at 32; T = 6 0.96
 //   at 32; T = 8 B = 512 0.26-0.27.
@@ -292,7 +293,7 @@ int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
 //   T = 6 0.94-0.96 at 64 heads, 1.35 at 32; T = 8 0.65-0.69 from 128.
 int64_t chunk_min_heads(const Problem& p, bool f32_state) {
   const int64_t t = p.T;
-  if (!p.layout_kv) return f32_state || t < 4 ? 0 : 512;
+  if (!p.layout_kv) return t < 4 ? 0 : 512;  // bf16 (no fp32 form)
   if (f32_state) return t >= 6 ? 64 : t >= 4 ? 256 : 0;
   return t >= 6 ? 1 : t >= 4 ? 64 : t == 3 ? 128 : 256;
 }
@@ -432,7 +433,8 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
 // rounding seed (its KV form does not round stochastically).
 template <typename S>
 bool plan_kv_chunk(const Problem& p, LaunchPlan& lp) {
-  if (p.rounding_seed != nullptr) return false;
+  // Before planning VK's tiles: most KV calls (T = 1, a rounding seed, a small grid) end here.
+  if (p.T < 2 || p.rounding_seed != nullptr || !vk_chunk_pays(p, std::is_same_v<S, float>)) return false;
   LaunchPlan c;
   if (!plan_vk_tile<S>(p, c) || !c.chunked) return false;
   lp = c;

@@ -156,8 +156,8 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AFrags a_frags
 // The three-term A fragments of an fp32 tile's m-tile for chunk_dots. a_pair(h, k): the
 // elements (k, k + 1) of the lane's row g + 8 h of the m-tile (the mma A-fragment layout: lane
 // (g, t4) holds columns 2 t4, 2 t4 + 1 and 8 + 2 t4, 9 + 2 t4 of each k-step); ChunkTile's
-// swizzle spreads a warp's loads over distinct banks (VK: one float2 per pair, two wavefronts
-// per warp; KV: two scalars from rows k and k + 1).
+// swizzle spreads a warp's loads over distinct banks (fp32 tiles are KV only: two scalars from
+// rows k and k + 1).
 template <typename APair>
 __device__ __forceinline__ void chunk_split_frags(APair a_pair, int ks, int lane, uint32_t (&a)[3][4]) {
   const int k0 = ks * 16 + 2 * (lane & 3);
@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
       const int r = mt * 16 + i / CH, c = i % CH;
       if (row0 + r >= p.V) continue;
       Packed<S> v;
-      v.u = *reinterpret_cast<const uint4*>(tile_s + r * K + (c ^ (r & 7)) * VE);
+      v.u = *reinterpret_cast<const uint4*>(tile.elem(r, c * VE));
       store_state_vec<S, true>(dst + r * p.state.s[2] + c * VE, v);
     }
   }
