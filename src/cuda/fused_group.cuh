@@ -116,7 +116,8 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Fus
 // Registers for three resident blocks per SM (168; shared memory allows three at 16-bit states and
 // T = 1, fewer at fp32 and longer T): a cap of 128 for four was slower everywhere
 // (bf16 B = 64 52.5 -> 60.8 us, fp32 83.1 -> 89.4; docs/design.md).
-template <typename S, int K, bool kNorm>
+// kSr: the stochastic-rounding store compiled in (as decode's kernels, vk_launch.cuh).
+template <typename S, int K, bool kNorm, bool kSr = true>
 __global__ void __launch_bounds__(kGroupThreads, 3)
     fused_group_kernel(const __grid_constant__ FusedProblem f, const Geometry geo) {
   constexpr int NT = kGroupThreads, RR = kGroupRR;
@@ -297,9 +298,9 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
     float gam_acc = 1.f;
     for (int t = 0; t < T; ++t) {
       for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
-        vk_step<S, K, RR, true, true, 0, float, kNorm>(p, slots, n, hv, t, row0 + rg, j, st, gam_acc, sm, t,
+        vk_step<S, K, RR, true, true, 0, float, kNorm, kSr>(p, slots, n, hv, t, row0 + rg, j, st, gam_acc, sm, t,
                                                        vrow + t * gV, o_head, 0, V);
-      vk_step<S, K, RR, true, false, 0, float, kNorm>(p, slots, n, hv, t, row0 + rg, j, st, gam_acc, sm, t,
+      vk_step<S, K, RR, true, false, 0, float, kNorm, kSr>(p, slots, n, hv, t, row0 + rg, j, st, gam_acc, sm, t,
                                                       vrow + t * gV, o_head, 0, V);
     }
   }

@@ -9,49 +9,51 @@
 
 namespace gdn::detail::cuda {
 
-template <typename S, int K, bool kNorm>
+template <typename S, int K, bool kNorm, bool kSr>
 cudaError_t launch_fused_vk_k(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
   using Fz = Fuse<kNorm>;
   if (lp.group) {
     if constexpr (K == 128) {
-      return launch_tile_kernel<fused_group_kernel<S, K, kNorm>>(f, lp, stream);
+      return launch_tile_kernel<fused_group_kernel<S, K, kNorm, kSr>>(f, lp, stream);
     } else {
       return cudaErrorInvalidConfiguration;  // planned for K = 128 only
     }
   }
   switch (lp.rows_per_thread) {
     case 4:
-      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 4, false, Fz>>(f, lp, stream);
+      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 4, false, Fz, kSr>>(f, lp, stream);
     case 2:
-      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2, false, Fz>>(f, lp, stream);
+      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 2, false, Fz, kSr>>(f, lp, stream);
     default:
-      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1, false, Fz>>(f, lp, stream);
+      return launch_tile_kernel<decode_vk_tile_kernel<S, K, 1, false, Fz, kSr>>(f, lp, stream);
   }
 }
 
-template <typename S, int K, bool kNorm>
+template <typename S, int K, bool kNorm, bool kSr>
 cudaError_t launch_fused_kv_k(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
   using W = KvTileWide<S, K>;
   using Fz = Fuse<kNorm>;
   if (lp.kv_lanes16) {
     if constexpr (sizeof(S) == 4) {
-      return launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvFusedLanes16Threads, 16, Fz>>(f, lp, stream);
+      return launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvFusedLanes16Threads, 16, Fz, kSr>>(f, lp, stream);
     } else {
       return cudaErrorInvalidConfiguration;  // planned for fp32 states only
     }
   }
-  return lp.kv_wide ? launch_tile_kernel<decode_kv_tile_kernel<S, K, W::NT, W::LV, Fz>>(f, lp, stream)
-                    : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads, 8, Fz>>(f, lp, stream);
+  return lp.kv_wide ? launch_tile_kernel<decode_kv_tile_kernel<S, K, W::NT, W::LV, Fz, kSr>>(f, lp, stream)
+                    : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads, 8, Fz, kSr>>(f, lp, stream);
 }
 
-template <typename S, bool kKv, bool kNorm>
-cudaError_t launch_fused_norm(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
+// kSr: a 16-bit state with a rounding seed takes the kernels with the rounding store, every other
+// call kernels without it (as decode, vk_launch.cuh).
+template <typename S, bool kKv, bool kNorm, bool kSr>
+cudaError_t launch_fused_sr(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
   // if constexpr: each translation unit (fused_<dtype>_<layout>.cu) compiles its layout's kernels only.
   const auto by_k = [&](auto k) {
     if constexpr (kKv) {
-      return launch_fused_kv_k<S, decltype(k)::value, kNorm>(f, lp, stream);
+      return launch_fused_kv_k<S, decltype(k)::value, kNorm, kSr>(f, lp, stream);
     } else {
-      return launch_fused_vk_k<S, decltype(k)::value, kNorm>(f, lp, stream);
+      return launch_fused_vk_k<S, decltype(k)::value, kNorm, kSr>(f, lp, stream);
     }
   };
   switch (f.step.K) {
@@ -62,6 +64,14 @@ cudaError_t launch_fused_norm(const FusedProblem& f, const LaunchPlan& lp, cudaS
     default:
       return by_k(std::integral_constant<int, 256>{});
   }
+}
+
+template <typename S, bool kKv, bool kNorm>
+cudaError_t launch_fused_norm(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
+  if constexpr (sizeof(S) == 2) {
+    if (f.step.rounding_seed != nullptr) return launch_fused_sr<S, kKv, kNorm, true>(f, lp, stream);
+  }
+  return launch_fused_sr<S, kKv, kNorm, false>(f, lp, stream);
 }
 
 template <typename S, bool kKv>

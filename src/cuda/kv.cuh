@@ -336,11 +336,22 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   warm_params(prm);
   if (geo.prefetch) prefetch_state_l2(p, n, hv, 0, K, c0, VT * static_cast<int>(sizeof(S)), tid, NT);
   if constexpr (Fz::kOn) fused_started();
+  // The addresses that depend only on the parameters and the block: computed while the block
+  // waits (stage_plan; as the VK tile prologue, vk_tile_begin).
+  StagePlan plan;
+  if constexpr (!Fz::kOn) {
+    plan = stage_plan(p, geo, sm, n, 0, T, hv, c0, VT);
+    stage_plan_pin(plan);
+  }
+  S* const state = static_cast<S*>(p.state.data);
+  const S* head_src = state + hv * p.state.s[1] + c0;  // the tile's columns of every row k
+  int64_t ss0 = p.state.s[0], ss2 = p.state.s[2];
+  asm volatile("" : "+l"(head_src), "+l"(ss0), "+l"(ss2));
   pdl_wait();
   pdl_launch_dependents();
 
   if constexpr (!Fz::kOn) {
-    stage_issue<NT>(p, geo, sm, n, 0, T, hv, c0, VT);
+    stage_issue_plan<NT>(plan);
   } else {
     fused_issue_inputs<NT, Fz::kNorm>(prm, geo, share, fs, n, hv, c0, VT, T);
   }
@@ -358,10 +369,9 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     cp_async_commit();
   }
 
-  const int64_t ss0 = p.state.s[0], ss1 = p.state.s[1], ss2 = p.state.s[2];
-  S* const state = static_cast<S*>(p.state.data);
+  const int64_t ss1 = p.state.s[1];
   {
-    const S* src = state + slots.read * ss0 + hv * ss1 + c0;
+    const S* src = head_src + slots.read * ss0;
     for (int i = tid; i < K * LV; i += NT) {
       const int r = i / LV, c = i % LV;
       S* const dst = tile_s + r * VT + c * VE;

@@ -82,6 +82,21 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(a));
 }
+// stmatrix (sm_90): the inverse of ldmatrix, same lane addressing and fragment layout.
+__device__ __forceinline__ void stsm_x4(const void* p, const uint32_t (&r)[4]) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               :
+               : "r"(a), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+__device__ __forceinline__ void stsm_x4_trans(const void* p, const uint32_t (&r)[4]) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               :
+               : "r"(a), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 // d += a b on a 16 x 8 tile, k = 16: bf16 products (exact), fp32 sums.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
@@ -421,30 +436,41 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
         }
       }
     } else {
-      S* const r0p = tile_s + rg * K;
-      S* const r1p = r0p + 8 * K;
-      const int sw = rg & 7;  // rows rg and rg + 8 share the swizzle
+      // The C fragments of n-tiles i, i + 1 (rows rg, rg + 8; k = 8 i + 2 t4, + 1 and 8 (i + 1) + ..)
+      // are, as bf16 pairs, the A fragment of the 16 x 16 block (m-tile, k = 8 i ..): one ldmatrix
+      // reads them and one stmatrix writes them back, at P1's addresses (.trans for the KV tile),
+      // instead of four 4-byte accesses (VK) or eight 2-byte ones (KV) each way.
       // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
       // then its stores, so that no load waits behind the previous n-tile's store (the
       // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
       // (docs/design.md section 4): the per-block chain lies elsewhere.
       constexpr int NG = 8;
-      const int c00 = kKv ? tile.kv_col(rg, 2 * t4) : 0, c01 = kKv ? tile.kv_col(rg, 2 * t4 + 1) : 0;
-      const int c10 = kKv ? tile.kv_col(rg + 8, 2 * t4) : 0, c11 = kKv ? tile.kv_col(rg + 8, 2 * t4 + 1) : 0;
+      // The lane's ldmatrix row address for k-step ks: a_at(ks) (as P1's).
+      S* a_base;
+      int a_sw = 0;
+      if constexpr (kKv) {
+        const int m = lane >> 3, i = lane & 7;
+        a_base = tile_s + (((m >> 1) << 3) + i) * RT + tile.kv_col(mt * 16 + ((m & 1) << 3), i);
+      } else {
+        const int r = mt * 16 + arow;
+        a_base = tile_s + r * K;
+        a_sw = r & 7;
+      }
+      const auto a_at = [&](int ks) {
+        return kKv ? a_base + ks * 16 * RT : a_base + (((ks * 2 + ahalf) ^ a_sw) << 3);
+      };
 #pragma unroll
       for (int n0 = 0; n0 < K / 8; n0 += NG) {
         uint32_t u[NG][2];
 #pragma unroll
-        for (int i = 0; i < NG; ++i) {
-          if constexpr (kKv) {  // the pair (k, k + 1) of a row sits in rows k, k + 1 of the tile
-            const uint16_t* const row = reinterpret_cast<const uint16_t*>(tile_s + (8 * (n0 + i) + 2 * t4) * RT);
-            u[i][0] = static_cast<uint32_t>(row[c00]) | static_cast<uint32_t>(row[RT + c01]) << 16;
-            u[i][1] = static_cast<uint32_t>(row[c10]) | static_cast<uint32_t>(row[RT + c11]) << 16;
+        for (int i = 0; i < NG; i += 2) {
+          uint32_t x[4];
+          if constexpr (kKv) {
+            ldsm_x4_trans(x, a_at((n0 + i) / 2));
           } else {
-            const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
-            u[i][0] = *reinterpret_cast<const uint32_t*>(r0p + off);
-            u[i][1] = *reinterpret_cast<const uint32_t*>(r1p + off);
+            ldsm_x4(x, a_at((n0 + i) / 2));
           }
+          u[i][0] = x[0], u[i][1] = x[1], u[i + 1][0] = x[2], u[i + 1][1] = x[3];
         }
 #pragma unroll
         for (int i = 0; i < NG; i += 2) {
@@ -479,15 +505,12 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
           }
         }
 #pragma unroll
-        for (int i = 0; i < NG; ++i) {
+        for (int i = 0; i < NG; i += 2) {
+          const uint32_t x[4] = {u[i][0], u[i][1], u[i + 1][0], u[i + 1][1]};
           if constexpr (kKv) {
-            uint16_t* const row = reinterpret_cast<uint16_t*>(tile_s + (8 * (n0 + i) + 2 * t4) * RT);
-            row[c00] = static_cast<uint16_t>(u[i][0]), row[RT + c01] = static_cast<uint16_t>(u[i][0] >> 16);
-            row[c10] = static_cast<uint16_t>(u[i][1]), row[RT + c11] = static_cast<uint16_t>(u[i][1] >> 16);
+            stsm_x4_trans(a_at((n0 + i) / 2), x);
           } else {
-            const int off = (((n0 + i) ^ sw) << 3) + 2 * t4;
-            *reinterpret_cast<uint32_t*>(r0p + off) = u[i][0];
-            *reinterpret_cast<uint32_t*>(r1p + off) = u[i][1];
+            stsm_x4(a_at((n0 + i) / 2), x);
           }
         }
       }
