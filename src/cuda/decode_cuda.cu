@@ -281,21 +281,21 @@ int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
 // B * HV at which it pays, per layout, state dtype and T (0: never), measured on the H100 (both
 // models, pool, no cache, GDN_CUDA_VK_CHUNK=2 against 0 on one binary; chunked/loop time;
 // docs/design.md section 4):
-// - VK bf16 (28dc9a3: both kernels without the rounding code): T <= 3 1.00-2.33 at every B;
-//   T = 4 0.89-0.98 from 512 heads, 1.04-1.14 at 128-256; T = 6 0.79-0.90 from 512; T = 8
-//   B = 512 0.73-0.75.
+// - VK bf16 (9658e61, P3 through ldmatrix/stmatrix): T <= 3 0.98-2.33 at every B; T = 4-5
+//   0.88-0.98 from 512 heads, 1.02-1.16 at 256; T = 6 0.78-0.89 from 512, 1.03 at 256; T = 8
+//   0.90-0.93 at 256, 0.97-0.98 at 128, 0.68-0.75 from 512.
 // - VK fp32 (S0 split into three bf16 terms): 1.03-1.74 at every T and B measured, so the kernel
 //   has no VK fp32 form (plan_vk_tile).
-// - KV bf16 (its token loop reads the state across rows): T = 2 0.69-0.94 from 256 heads,
-//   1.01-1.56 below; T = 3 0.82-0.87 from 128; T = 4 0.92-0.95 at 64, 1.10 at 32; T = 6 0.96
-//   at 32; T = 8 B = 512 0.26-0.27.
+// - KV bf16 (its token loop reads the state across rows; 9658e61): T = 2 0.60-0.88 from 256
+//   heads, 0.94 / 1.01 at 128, 1.31-1.42 below; T = 3 0.64-0.77 at 128, 1.04-1.05 at 64;
+//   T = 4 0.67-0.87 at 64, 1.01 at 32; T = 5 0.93 at 32; T = 8 0.23-0.26 from 512.
 // - KV fp32: T <= 3 0.91-1.87; T = 4 0.79-0.95 at 256..1024 heads, 0.99-1.02 beyond and below;
 //   T = 6 0.94-0.96 at 64 heads, 1.35 at 32; T = 8 0.65-0.69 from 128.
 int64_t chunk_min_heads(const Problem& p, bool f32_state) {
   const int64_t t = p.T;
-  if (!p.layout_kv) return t < 4 ? 0 : 512;  // bf16 (no fp32 form)
+  if (!p.layout_kv) return t < 4 ? 0 : t < 8 ? 512 : 128;  // bf16 (no fp32 form)
   if (f32_state) return t >= 6 ? 64 : t >= 4 ? 256 : 0;
-  return t >= 6 ? 1 : t >= 4 ? 64 : t == 3 ? 128 : 256;
+  return t >= 6 ? 1 : t == 5 ? 32 : t == 4 ? 64 : 128;
 }
 bool vk_chunk_pays(const Problem& p, bool f32_state) {
   const int mode = vk_chunk_mode();
