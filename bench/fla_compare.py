@@ -2,8 +2,9 @@
 """gdn vs FLA (flash-linear-attention, Triton) in one process, one method, the same inputs.
 
 --op decode (the default): the recurrence alone. bf16 q/k/v/a/b, dense (state row n = batch
-row n), state updated, no intermediate cache, state layout [B, HV, V, K] for both (gdn "VK",
-FLA state_v_first). Both get the raw gates: FLA's fused_recurrent_gated_delta_rule with
+row n), state updated, no intermediate cache, the same state layout for both (--layout): VK
+[B, HV, V, K] (FLA's state_v_first=True) or KV [B, HV, K, V] (FLA's default). Both get the raw
+gates: FLA's fused_recurrent_gated_delta_rule with
 use_gate_in_kernel, use_beta_sigmoid_in_kernel and use_qk_l2norm_in_kernel computes
 g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b) and the q/k L2 norm in its
 kernel, as gdn does, so nothing is computed outside either timed call (the anchors' FLA
@@ -61,6 +62,7 @@ bf16 state, T 1, B 1 4 16 64 256; flashinfer: Qwen3-Next, fp32 and bf16, T 1 4 8
 import argparse
 import datetime
 import json
+import itertools
 import math
 import os
 import statistics
@@ -103,9 +105,10 @@ CONV_W = 4
 NORM_EPS = 1e-6  # both models' rms_norm_eps
 DEV = "cuda"  # a test sets "cpu" (gdn's CPU backend, FLA under TRITON_INTERPRET=1) for the checks
 FLA_ENTRY = ("fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule(use_qk_l2norm_in_kernel=True, "
-             "use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, state_v_first=True, "
-             "output_final_state=True); its final state goes to a fresh fp32 tensor each call (captured "
-             "as is, kept alive for N calls); gdn.decode(layout='VK', raw gates) updates the state in place")
+             "use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, state_v_first=True for the VK layout, "
+             "False for KV, output_final_state=True); its final state goes to a fresh fp32 tensor each call "
+             "(captured as is, kept alive for N calls); gdn.decode(layout='VK' or 'KV', raw gates) updates the "
+             "state in place")
 GATING = ("raw a, b, A_log, dt_bias to both; gate, beta sigmoid and q/k L2 norm in kernel for both; "
           "nothing outside the timed calls")
 CHAIN_ENTRY = ("chain: fla.modules.causal_conv1d.causal_conv1d_update(x [B, 1, D], cache [B, D, 4] updated in "
@@ -167,24 +170,28 @@ def split_qkv(sh, y):
             y[..., 2 * hk:].unflatten(-1, (sh.HV, sh.V)))
 
 
-def run_fla(x, state, g=None, beta=None):
+def state_shape(sh, B, layout):
+    return (B, sh.HV, sh.V, sh.K) if layout == "VK" else (B, sh.HV, sh.K, sh.V)
+
+
+def run_fla(x, state, g=None, beta=None, layout="VK"):
     """Returns (o, new fp32 state). With g, beta given: precomputed gates instead of raw."""
     raw = g is None
     return fla_gdr(x["q"], x["k"], x["v"], g=x["a"] if raw else g, beta=x["b"] if raw else beta,
                    scale=x["q"].shape[-1] ** -0.5, initial_state=state, output_final_state=True,
                    use_qk_l2norm_in_kernel=True, use_gate_in_kernel=raw, A_log=x["A_log"],
-                   dt_bias=x["dt_bias"], use_beta_sigmoid_in_kernel=raw, state_v_first=True)
+                   dt_bias=x["dt_bias"], use_beta_sigmoid_in_kernel=raw, state_v_first=layout == "VK")
 
 
-def run_gdn(x, state, o, g=None, beta=None, slots=None):
+def run_gdn(x, state, o, g=None, beta=None, slots=None, layout="VK"):
     """slots: (read_slots, write_slots) into a pool `state`; None: dense, in place."""
     rs, ws = slots if slots is not None else (None, None)
     scale = x["q"].shape[-1] ** -0.5
     if g is None:
         return gdn.decode(x["q"], x["k"], x["v"], state, o, a=x["a"], b=x["b"], A_log=x["A_log"],
-                          dt_bias=x["dt_bias"], layout="VK", scale=scale, use_qk_l2norm=True,
+                          dt_bias=x["dt_bias"], layout=layout, scale=scale, use_qk_l2norm=True,
                           read_slots=rs, write_slots=ws)
-    return gdn.decode(x["q"], x["k"], x["v"], state, o, g=g, beta=beta, layout="VK", scale=scale,
+    return gdn.decode(x["q"], x["k"], x["v"], state, o, g=g, beta=beta, layout=layout, scale=scale,
                       use_qk_l2norm=True, read_slots=rs, write_slots=ws)
 
 
@@ -223,24 +230,24 @@ def diff(got, want):
             "rel_frob": (d.norm() / want.float().norm()).item()}
 
 
-def cross_check(gen, sh=MODELS["qwen3-next"], B=4, T=2):
+def cross_check(gen, sh=MODELS["qwen3-next"], B=4, T=2, layouts=("VK",)):
     """o and final state of gdn against FLA's, same inputs, raw and precomputed gates."""
     out = []
-    for name in ("bf16", "fp32"):
+    for layout, name in itertools.product(layouts, ("bf16", "fp32")):
         x = make_inputs(sh, B, T, DTYPES[name], gen)
-        s0 = uniform((B, sh.HV, sh.V, sh.K), 0.1732, torch.float32, gen)
+        s0 = uniform(state_shape(sh, B, layout), 0.1732, torch.float32, gen)
         g = -x["A_log"].exp() * torch.nn.functional.softplus(x["a"].float() + x["dt_bias"])
         beta = torch.sigmoid(x["b"].float())
         for gates, gb in (("raw", (None, None)), ("precomputed", (g, beta))):
-            o_f, s_f = run_fla(x, s0, *gb)
+            o_f, s_f = run_fla(x, s0, *gb, layout=layout)
             s_g = s0.clone()
-            o_g = run_gdn(x, s_g, torch.empty_like(x["v"]), *gb)
-            r = {"qkv": name, "gates": gates, "o": diff(o_g, o_f), "state": diff(s_g, s_f)}
+            o_g = run_gdn(x, s_g, torch.empty_like(x["v"]), *gb, layout=layout)
+            r = {"layout": layout, "qkv": name, "gates": gates, "o": diff(o_g, o_f), "state": diff(s_g, s_f)}
             # fp32 sums in different orders (and FLA's approximate exp/log): ~1e-6 relative;
             # a bf16 o also shows the odd 1-ulp rounding flip.
             r["ok"] = r["state"]["rel_frob"] < 1e-4 and r["o"]["rel_frob"] < (1e-2 if name == "bf16" else 1e-4)
             out.append(r)
-            print(f"check B={B} T={T} qkv {name:4} gates {gates:11}: "
+            print(f"check {layout} B={B} T={T} qkv {name:4} gates {gates:11}: "
                   + "; ".join(f"{t} max abs {r[t]['max_abs']:.2e} (/max {r[t]['max_abs_over_max']:.2e}) "
                               f"rel frob {r[t]['rel_frob']:.2e}" for t in ("o", "state"))
                   + ("" if r["ok"] else "  MISMATCH"))
@@ -376,31 +383,33 @@ def decode_sizes(sh, state_name, T, B, args, l2, tbs):
     return (floor_us, *rotation(touched, floor_us, args, l2))
 
 
-def bench(sh, state_name, T, B, args, l2, tbs, gen):
+def bench(sh, state_name, T, B, args, l2, tbs, gen, layout="VK"):
     floor_us, N, calls = decode_sizes(sh, state_name, T, B, args, l2, tbs)
     x = make_inputs(sh, B, T, torch.bfloat16, gen)
-    states = [uniform((B, sh.HV, sh.V, sh.K), 0.1732, DTYPES[state_name], gen) for _ in range(N)]
+    states = [uniform(state_shape(sh, B, layout), 0.1732, DTYPES[state_name], gen) for _ in range(N)]
 
     # FLA's fresh final states stay alive for N calls, so the allocator hands call i the buffer
     # of call i - N - 1: its writes go to memory as cold as gdn's, not to one L2-resident buffer.
     keep = deque(maxlen=N)
-    fla_us = time_graph(lambda i: keep.append(run_fla(x, states[i % N])), calls, args.reps, keep.clear)
+    fla_us = time_graph(lambda i: keep.append(run_fla(x, states[i % N], layout=layout)), calls, args.reps,
+                        keep.clear)
     keep.clear()
     o = torch.empty_like(x["v"])
-    gdn_us = time_graph(lambda i: run_gdn(x, states[i % N], o), calls, args.reps)
+    gdn_us = time_graph(lambda i: run_gdn(x, states[i % N], o, layout=layout), calls, args.reps)
     del states
     torch.cuda.empty_cache()
-    row = {"state": state_name, "T": T, "B": B, "N": N, "calls": calls, "floor_us": round(floor_us, 3),
+    row = {"layout": layout, "state": state_name, "T": T, "B": B, "N": N, "calls": calls,
+           "floor_us": round(floor_us, 3),
            "fla_us": round(fla_us, 3), "gdn_us": round(gdn_us, 3), "fla_over_gdn": round(fla_us / gdn_us, 3)}
     if args.out_of_place:
         # FLA's traffic with gdn's kernel: each call reads slot n of a pool of 2B slots and writes
         # slot B + n (split read/write slots), so the final state goes to memory other than the
         # initial one, as FLA's fresh tensor does.
-        pools = [uniform((2 * B, sh.HV, sh.V, sh.K), 0.1732, DTYPES[state_name], gen) for _ in range(N)]
+        pools = [uniform(state_shape(sh, 2 * B, layout), 0.1732, DTYPES[state_name], gen) for _ in range(N)]
         rs = torch.arange(B, dtype=torch.int32, device=DEV)
         slots = (rs, rs + B)
-        row["gdn_oop_us"] = round(time_graph(lambda i: run_gdn(x, pools[i % N], o, slots=slots), calls,
-                                             args.reps), 3)
+        row["gdn_oop_us"] = round(time_graph(lambda i: run_gdn(x, pools[i % N], o, slots=slots, layout=layout),
+                                             calls, args.reps), 3)
         row["fla_over_gdn_oop"] = round(fla_us / row["gdn_oop_us"], 3)
         del pools
         torch.cuda.empty_cache()
@@ -482,10 +491,11 @@ DEFAULTS = {"decode": {"model": ["qwen3-next"], "state": ["fp32"], "T": [1, 2, 4
 
 
 def print_decode_table(rows):
-    print(f"\n{'model':10} {'state':5} {'T':>2} {'B':>4} {'floor_us':>9} {'FLA_us':>9} {'gdn_us':>9} {'FLA/gdn':>8}"
-          + ("  gdn_oop_us FLA/oop" if any("gdn_oop_us" in r for r in rows) else ""))
+    print(f"\n{'model':10} {'layout':6} {'state':5} {'T':>2} {'B':>4} {'floor_us':>9} {'FLA_us':>9} {'gdn_us':>9} "
+          f"{'FLA/gdn':>8}" + ("  gdn_oop_us FLA/oop" if any("gdn_oop_us" in r for r in rows) else ""))
     for r in rows:
-        print(f"{r['model']:10} {r['state']:5} {r['T']:2} {r['B']:4} {r['floor_us']:9.2f} {r['fla_us']:9.2f} "
+        print(f"{r['model']:10} {r['layout']:6} {r['state']:5} {r['T']:2} {r['B']:4} {r['floor_us']:9.2f} "
+              f"{r['fla_us']:9.2f} "
               f"{r['gdn_us']:9.2f} {r['fla_over_gdn']:8.2f}"
               + (f"  {r['gdn_oop_us']:10.2f} {r['fla_over_gdn_oop']:7.2f}" if "gdn_oop_us" in r else ""))
 
@@ -526,6 +536,8 @@ def main():
     p.add_argument("--state", nargs="+", choices=sorted(DTYPES),
                    help="state dtype (FLA's recurrence reads it, and writes fp32 whatever it is); default: fp32 "
                         "for decode, fp32 bf16 for fused")
+    p.add_argument("--layout", nargs="+", choices=["VK", "KV"], default=["VK"],
+                   help="decode: the state layout of both (VK: FLA's state_v_first=True; KV: FLA's default)")
     p.add_argument("--calls", type=int, default=20, help="calls per graph (at least N; 3 above a 2 ms floor)")
     p.add_argument("--reps", type=int, default=5, help="timed replays (median)")
     p.add_argument("--l2-multiple", type=float, default=4.0)
@@ -557,18 +569,17 @@ def main():
               f"fla-core {fla_version}, gdn {stamp['commit']}; copy ceiling {tbs:.3f} TB/s\nmethod: {stamp['method']}")
         if "decode" in ops:
             print(f"FLA: {FLA_ENTRY}\ngating: {GATING}")
-            check = cross_check(gen)
+            check = cross_check(gen, layouts=args.layout)
             ok = all(r["ok"] for r in check)
-            for model in sweep("decode", "model"):
-                for s in sweep("decode", "state"):
-                    for T in sweep("decode", "T"):
-                        for B in sweep("decode", "B"):
-                            r = {"op": "decode", "model": model, **bench(MODELS[model], s, T, B, args, l2, tbs, gen),
-                                 **stamp}
-                            rows.append(r)
-                            print(f"decode {model} {s} T={T} B={B}: FLA {r['fla_us']:.2f} us, gdn {r['gdn_us']:.2f} us"
-                                  + (f", gdn out of place {r['gdn_oop_us']:.2f} us" if args.out_of_place else ""),
-                                  flush=True)
+            for model, layout, s, T, B in itertools.product(sweep("decode", "model"), args.layout,
+                                                            sweep("decode", "state"), sweep("decode", "T"),
+                                                            sweep("decode", "B")):
+                r = {"op": "decode", "model": model,
+                     **bench(MODELS[model], s, T, B, args, l2, tbs, gen, layout), **stamp}
+                rows.append(r)
+                print(f"decode {model} {layout} {s} T={T} B={B}: FLA {r['fla_us']:.2f} us, gdn {r['gdn_us']:.2f} "
+                      "us" + (f", gdn out of place {r['gdn_oop_us']:.2f} us" if args.out_of_place else ""),
+                      flush=True)
         if "flashinfer" in ops:
             import flashinfer
             from flashinfer import gdn_decode as fi
@@ -617,7 +628,7 @@ def main():
                "gdn_commit": stamp["commit"], "copy_TBs": round(tbs, 4), "ops": ops,
                "fla_entry": FLA_ENTRY, "gating": GATING, "chain_entry": CHAIN_ENTRY, "flashinfer_entry": FI_ENTRY,
                "shape": {"models": {m: MODELS[m]._asdict() for m in MODELS}, "qkv": "bf16", "mode": "dense",
-                         "layout": "VK"},
+                         "layout": args.layout if "decode" in ops else ["VK"]},
                "cross_check": check, "rows": rows}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

@@ -39,7 +39,7 @@ import fla_compare as fc
 fc.DEV = "cpu"
 gen = torch.Generator().manual_seed(3)
 sh = fc.Shape(H=2, HV=4, K=64, V=64)
-out = {"decode": fc.cross_check(gen, sh, B=3, T=2), "fused": []}
+out = {"decode": fc.cross_check(gen, sh, B=3, T=2, layouts=("VK", "KV")), "fused": []}
 
 
 def fused_case(T, state):
@@ -87,7 +87,7 @@ def test_checks_on_cpu():
     assert r.returncode == 0, r.stdout + r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line[len("RESULT "):])
-    assert len(out["decode"]) == 4 and all(c["ok"] for c in out["decode"]), out["decode"]
+    assert len(out["decode"]) == 8 and all(c["ok"] for c in out["decode"]), out["decode"]
     assert len(out["fused"]) == 4
     for c in out["fused"]:
         assert c["ok"], c
