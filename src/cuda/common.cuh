@@ -836,4 +836,16 @@ cudaError_t launch_tile_kernel(const Param& p, const LaunchPlan& lp, cudaStream_
   return err != cudaSuccess ? err : launch_kernel(kKernel, p, lp, stream);
 }
 
+// The kernels' kSr parameter: a 16-bit state with a rounding seed takes the kernels with the
+// stochastic-rounding store (launch(std::true_type)), every other call kernels without any of
+// its code (launch(std::false_type)): at B = 1 a kernel's size is part of its time (measured:
+// vk_launch.cuh, launch_vk_k).
+template <typename S, typename Launch>
+cudaError_t launch_rounding(const int64_t* seed, Launch&& launch) {
+  if constexpr (sizeof(S) == 2) {
+    if (seed != nullptr) return launch(std::true_type{});
+  }
+  return launch(std::false_type{});
+}
+
 }  // namespace gdn::detail::cuda

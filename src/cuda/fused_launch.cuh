@@ -44,8 +44,7 @@ cudaError_t launch_fused_kv_k(const FusedProblem& f, const LaunchPlan& lp, cudaS
                     : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads, 8, Fz, kSr>>(f, lp, stream);
 }
 
-// kSr: a 16-bit state with a rounding seed takes the kernels with the rounding store, every other
-// call kernels without it (as decode, vk_launch.cuh).
+// kSr: launch_rounding (common.cuh), as decode.
 template <typename S, bool kKv, bool kNorm, bool kSr>
 cudaError_t launch_fused_sr(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
   // if constexpr: each translation unit (fused_<dtype>_<layout>.cu) compiles its layout's kernels only.
@@ -68,10 +67,9 @@ cudaError_t launch_fused_sr(const FusedProblem& f, const LaunchPlan& lp, cudaStr
 
 template <typename S, bool kKv, bool kNorm>
 cudaError_t launch_fused_norm(const FusedProblem& f, const LaunchPlan& lp, cudaStream_t stream) {
-  if constexpr (sizeof(S) == 2) {
-    if (f.step.rounding_seed != nullptr) return launch_fused_sr<S, kKv, kNorm, true>(f, lp, stream);
-  }
-  return launch_fused_sr<S, kKv, kNorm, false>(f, lp, stream);
+  return launch_rounding<S>(f.step.rounding_seed, [&](auto sr) {
+    return launch_fused_sr<S, kKv, kNorm, decltype(sr)::value>(f, lp, stream);
+  });
 }
 
 template <typename S, bool kKv>

@@ -483,8 +483,7 @@ cudaError_t launch_kv_ks(const Problem& p, const LaunchPlan& lp, cudaStream_t st
                 : launch_kernel(decode_kv_kernel<S, K, false, kSr>, p, lp, stream);
 }
 
-// A 16-bit state with a rounding seed takes the kernels with the rounding path (kSr), every
-// other call kernels without it (as launch_vk_k).
+// kSr: launch_rounding (common.cuh).
 template <typename S, int K>
 cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   if (lp.chunked) {  // the chunked kernel on the KV tile (vk_chunk.cuh; plan_kv_chunk)
@@ -494,10 +493,8 @@ cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t str
       return cudaErrorInvalidConfiguration;
     }
   }
-  if constexpr (sizeof(S) == 2) {
-    if (p.rounding_seed != nullptr) return launch_kv_ks<S, K, true>(p, lp, stream);
-  }
-  return launch_kv_ks<S, K, false>(p, lp, stream);
+  return launch_rounding<S>(p.rounding_seed,
+                            [&](auto sr) { return launch_kv_ks<S, K, decltype(sr)::value>(p, lp, stream); });
 }
 
 // Host launcher for one state dtype; instantiated once per dtype in decode_<dtype>_kv.cu.

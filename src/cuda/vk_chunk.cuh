@@ -293,6 +293,24 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
                                                                                slots, gram_and_tables))
     return;
   const ChunkTile<S, K, kKv> tile(tile_s, RT);
+  // A 16-bit tile's A blocks of m-tile mt: a_blocks(mt)(ks), the lane's ldmatrix address for
+  // k-step ks, read by P1 and read and written back by P3. VK: row 16 mt + arow through the
+  // swizzle. KV (.trans): lanes 8 m .. 8 m + 7 address rows k = 16 ks + 8 (m >> 1) + i of the
+  // columns v = 16 mt + 8 (m & 1) .. + 7, whose transposes are the fragment's a[m]
+  // ((16 ks + 8 (m >> 1) + i) & 7 == i, so the column does not depend on ks).
+  const auto a_blocks = [&](int mt) {
+    S* base;
+    int sw = 0;
+    if constexpr (kKv) {
+      const int m = lane >> 3, i = lane & 7;
+      base = tile_s + (((m >> 1) << 3) + i) * RT + tile.kv_col(mt * 16 + ((m & 1) << 3), i);
+    } else {
+      const int r = mt * 16 + arow;
+      base = tile_s + r * K;
+      sw = r & 7;
+    }
+    return [=](int ks) { return kKv ? base + ks * 16 * RT : base + (((ks * 2 + ahalf) ^ sw) << 3); };
+  };
 
   // P1: products of the state rows with all q_t and k_t.
   {
@@ -312,21 +330,13 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
             acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, qk, zrow, T2,
             np_count, lane);
       } else if constexpr (kKv) {
-        // ldmatrix.trans: lanes 8 m .. 8 m + 7 address rows k = 16 ks + 8 (m >> 1) + i of the
-        // columns v = 16 mt + 8 (m & 1) .. + 7, whose transposes are the fragment's a[m].
-        const int m = lane >> 3, i = lane & 7;
-        const int v = mt * 16 + ((m & 1) << 3), kq = ((m >> 1) << 3) + i;
-        const S* const a0 = tile_s + kq * RT + tile.kv_col(v, i);  // (ks * 16 + kq) & 7 == i
+        const auto a_at = a_blocks(mt);
         chunk_dots<K, 1>(
-            acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4_trans(a[0], a0 + ks * 16 * RT); }, qk, zrow, T2,
-            np_count, lane);
+            acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4_trans(a[0], a_at(ks)); }, qk, zrow, T2, np_count, lane);
       } else {
-        const int r = mt * 16 + arow;
-        const S* const rp = tile_s + r * K;
-        const int sw = r & 7;
+        const auto a_at = a_blocks(mt);
         chunk_dots<K, 1>(
-            acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4(a[0], rp + (((ks * 2 + ahalf) ^ sw) << 3)); }, qk,
-            zrow, T2, np_count, lane);
+            acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4(a[0], a_at(ks)); }, qk, zrow, T2, np_count, lane);
       }
       chunk_store_acc(acc, X + mt * 16 * lay.xs, lay.xs, 16, T2, np_count, lane);
     }
@@ -445,20 +455,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
       // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
       // (docs/design.md section 4): the per-block chain lies elsewhere.
       constexpr int NG = 8;
-      // The lane's ldmatrix row address for k-step ks: a_at(ks) (as P1's).
-      S* a_base;
-      int a_sw = 0;
-      if constexpr (kKv) {
-        const int m = lane >> 3, i = lane & 7;
-        a_base = tile_s + (((m >> 1) << 3) + i) * RT + tile.kv_col(mt * 16 + ((m & 1) << 3), i);
-      } else {
-        const int r = mt * 16 + arow;
-        a_base = tile_s + r * K;
-        a_sw = r & 7;
-      }
-      const auto a_at = [&](int ks) {
-        return kKv ? a_base + ks * 16 * RT : a_base + (((ks * 2 + ahalf) ^ a_sw) << 3);
-      };
+      const auto a_at = a_blocks(mt);  // P1's addresses
 #pragma unroll
       for (int n0 = 0; n0 < K / 8; n0 += NG) {
         uint32_t u[NG][2];

@@ -46,16 +46,15 @@ template <typename S, int K>
 cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   if (lp.chunked) {
     if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-      return p.rounding_seed != nullptr ? launch_tile_kernel<decode_vk_chunk_kernel<S, K, false, true>>(p, lp, stream)
-                                        : launch_tile_kernel<decode_vk_chunk_kernel<S, K, false, false>>(p, lp, stream);
+      return launch_rounding<S>(p.rounding_seed, [&](auto sr) {
+        return launch_tile_kernel<decode_vk_chunk_kernel<S, K, false, decltype(sr)::value>>(p, lp, stream);
+      });
     } else {
       return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 state only (VK)
     }
   }
-  if constexpr (sizeof(S) == 2) {
-    if (p.rounding_seed != nullptr) return launch_vk_ks<S, K, true>(p, lp, stream);
-  }
-  return launch_vk_ks<S, K, false>(p, lp, stream);
+  return launch_rounding<S>(p.rounding_seed,
+                            [&](auto sr) { return launch_vk_ks<S, K, decltype(sr)::value>(p, lp, stream); });
 }
 
 // Host launcher for one state dtype; instantiated once per dtype in decode_<dtype>_vk.cu.
