@@ -124,21 +124,39 @@ __host__ __device__ constexpr int conv_first_col(int L, int W) { return L - (W -
 
 // Block channels: S of the cluster's slice of the 2K q/k channels, then its nc v channels.
 struct FusedShare {
+  int group = 1;  // value heads per q/k head: HV / H
   int C = 1;      // blocks in the cluster
   int S = 0;      // q/k channels per slice: ceil(2K / C)
   int own = 0;    // S + nc
   int first = 0;  // conv_first_col
   int wl = 0;     // window entries kept per channel: L - first + T
+  // The block's own (device only; fused_share_block): its q/k head and its cluster rank.
+  int64_t h = 0;
+  unsigned rank = 0;
 };
 
 __host__ __device__ inline FusedShare fused_share(int K, int group, int tiles, int nc, int L, int W, int T) {
   FusedShare s;
+  s.group = group;
   s.C = group * tiles;
   s.S = (2 * K + s.C - 1) / s.C;
   s.own = s.S + nc;
   s.first = conv_first_col(L, W);
   s.wl = L - s.first + T;
   return s;
+}
+
+// The block's q/k head and cluster rank, once per block before pdl_wait, where the block waits
+// anyway under programmatic launch; the empty volatile asm keeps the compiler from sinking them
+// past the wait. Each helper below computed both itself before, the head as hv / (HV / H), two
+// 64-bit divisions (a called subroutine each): at B = 1 the prologue and epilogue are a chain of
+// small loops, and every phase paid its set-up (docs/design.md, "The fused step at small B").
+// hv and the group fit 32 bits (block_coords derives hv in 32 bits: the grid is under 2^31
+// blocks), so one 32-bit division does.
+__device__ __forceinline__ void fused_share_block(FusedShare& s, int64_t hv) {
+  s.h = static_cast<int64_t>(static_cast<uint32_t>(hv) / static_cast<uint32_t>(s.group));
+  s.rank = cluster_rank();
+  asm volatile("" : "+l"(s.h), "+r"(s.rank));
 }
 
 struct FusedSmem {
@@ -215,7 +233,7 @@ __device__ __forceinline__ void fused_push_slice(const Problem& p, const FusedSh
                                                  int T) {
   if (s.C == 1) return;
   const int K = static_cast<int>(p.K);
-  const unsigned rank = cluster_rank();
+  const unsigned rank = s.rank;
   const int first = static_cast<int>(rank) * s.S;
   const int count = fused_slice_count(s, K, static_cast<int>(rank));
   if (count <= 0) return;
@@ -302,8 +320,8 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
                                            int64_t slot) {
   const Problem& p = f.step;
   const int K = static_cast<int>(p.K), L = static_cast<int>(f.L), W = static_cast<int>(f.W);
-  const int64_t h = hv / (p.HV / p.H);
-  const unsigned rank = cluster_rank();
+  const int64_t h = s.h;
+  const unsigned rank = s.rank;
   float* const raw = reinterpret_cast<float*>(sm.raw);
   const int lc = L - s.first;
   fused_wait_started();  // the push below writes into the other blocks
@@ -374,8 +392,8 @@ __device__ __forceinline__ void fused_conv_vec_issue_inputs(const FusedProblem& 
                                                             int T) {
   const Problem& p = f.step;
   const int W = static_cast<int>(f.W), lc = static_cast<int>(f.L) - s.first, G = s.own / 8;
-  const int64_t h = hv / (p.HV / p.H);
-  const unsigned rank = cluster_rank();
+  const int64_t h = s.h;
+  const unsigned rank = s.rank;
   uint4* const win = reinterpret_cast<uint4*>(fs.win);
   uint4* const taps = win + s.wl * G;
   uint4* const bias = taps + G * W;
@@ -396,8 +414,8 @@ __device__ __forceinline__ void fused_conv_vec_issue_state(const FusedProblem& f
                                                            int64_t slot) {
   const Problem& p = f.step;
   const int lc = static_cast<int>(f.L) - s.first, G = s.own / 8;
-  const int64_t h = hv / (p.HV / p.H);
-  const unsigned rank = cluster_rank();
+  const int64_t h = s.h;
+  const unsigned rank = s.rank;
   uint4* const win = reinterpret_cast<uint4*>(fs.win);
   for (int g = rotated_tid<NT>(2); g < G; g += NT) {  // beside warp 0's gates and warp 3's write slots
     const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
@@ -492,8 +510,8 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
                                                      int64_t n, int64_t hv, int64_t c0, int T) {
   const Problem& p = f.step;
   const int G = s.own / 8;
-  const int64_t h = hv / (p.HV / p.H);
-  const unsigned rank = cluster_rank();
+  const int64_t h = s.h;
+  const unsigned rank = s.rank;
   for (int g = rotated_tid<NT>(NT / 32 - 1); g < G; g += NT) {
     const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
     if (d >= 0) conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), G, g, d, n, s.first, T, fs.ws);
@@ -506,8 +524,8 @@ template <int NT, bool kNorm>
 __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
                                                const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc, int T) {
   const Problem& p = f.step;
-  const int64_t h = hv / (p.HV / p.H);
-  const unsigned rank = cluster_rank();
+  const int64_t h = s.h;
+  const unsigned rank = s.rank;
   const int G = s.own / 8;
   __syncthreads();  // the windows and fs.ws
   // The conv state after each token, as soon as the windows landed: the block alone reads and
@@ -602,7 +620,7 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
   const Problem& p = f.step;
   const int L = static_cast<int>(f.L), tiles = geo.tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const unsigned rank = cluster_rank();
+  const unsigned rank = s.rank;
   if constexpr (kNorm) {
     __syncthreads();  // the token loop's outputs (fs.o) are complete
     // This tile's sums of squares, one warp per token in a fixed order, stored into every tile
@@ -623,7 +641,7 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
   }
 
   if (!geo.conv_vec) {  // (the 16-byte path stored its conv state in fused_conv_vec)
-    const int64_t h = hv / (p.HV / p.H);
+    const int64_t h = s.h;
     const bool inter = f.conv_inter.data != nullptr;
     for (int c = threadIdx.x; c < s.own; c += NT) {
       const int64_t d = fused_channel(p, s, rank, c, h, hv, c0);

@@ -335,7 +335,10 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
   warm_params(prm);
   if (geo.prefetch) prefetch_state_l2(p, n, hv, 0, K, c0, VT * static_cast<int>(sizeof(S)), tid, NT);
-  if constexpr (Fz::kOn) fused_started();
+  if constexpr (Fz::kOn) {
+    fused_started();
+    fused_share_block(share, hv);
+  }
   // The addresses that depend only on the parameters and the block: computed while the block
   // waits (stage_plan; as the VK tile prologue, vk_tile_begin).
   StagePlan plan;

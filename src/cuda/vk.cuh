@@ -492,7 +492,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
                                               const StageSmem& sm, S* tile_s, const BlockCoords& bc,
                                               int64_t row0, int RT, WarpSlots& slots,
                                               Work while_state_lands = {}, const FusedSmem* fs = nullptr,
-                                              const FusedShare* share = nullptr) {
+                                              FusedShare* share = nullptr) {
   static_assert(!Fz::kOn || (!kChunked && !kDirect), "the fused step stages fp32 conv outputs");
   static_assert(!kKv || kChunked, "the KV layout takes the tile prologue in the chunked kernel only");
   const Problem& p = Fz::step(prm);
@@ -511,7 +511,10 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
       prefetch_state_l2(p, n, hv, row0, rows, 0, K * static_cast<int>(sizeof(S)), tid, kVkThreads);
     }
   }
-  if constexpr (Fz::kOn) fused_started();
+  if constexpr (Fz::kOn) {
+    fused_started();
+    fused_share_block(*share, hv);
+  }
   // The addresses that depend only on the parameters and the block: computed while the block
   // waits (stage_plan).
   StagePlan plan;
