@@ -327,6 +327,8 @@ bool vk_direct_pays(const Problem& p, int64_t blocks) {
 // `f` (the fused step, else null): no chunked kernel and no direct loop (the conv outputs are
 // fp32), no fine tiles, and tiles large enough that a cluster of all the blocks of one (row,
 // q/k head) fits (fused.cuh).
+constexpr int kFusedT1TileBytes = 64 * 1024;
+
 template <typename S>
 bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = nullptr) {
   const int L = static_cast<int>(p.K / 16);
@@ -358,6 +360,17 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
       rt = fr;
       fine = true;
     }
+    // The fused step at T = 1: one tile per value head where it is at most 64 KB (Qwen3-Next and
+    // Qwen3.5: the whole head at fp32 and bf16). The small tiles above (clusters of up to 16
+    // blocks) cost the cluster barriers, the norm's exchange of sums between tiles, and at some
+    // B a second wave of clusters (Qwen3.5 bf16 dense B = 4: 512 blocks in clusters of 8, 17.6 us,
+    // against 10.9 at B = 3). Measured on the H100 (VK, T = 1, B = 1..8, dense, pool and split,
+    // GDN_CUDA_VK_TILE=128 against the rule above, 60 cells): geomean 0.954, 32 cells faster by
+    // more than 2% (Qwen3-Next bf16 dense B = 8 18.4 -> 11.7 us, Qwen3.5 bf16 B = 1 9.31 -> 8.51),
+    // 9 slower (at most Qwen3.5 fp32 B = 3 +17%). At T = 4 the small tiles stay: geomean 1.06 the
+    // other way.
+    if (f != nullptr && p.T == 1)
+      while (rt < V && 2 * rt * row_bytes <= kFusedT1TileBytes) rt *= 2;
   }
   const int group = static_cast<int>(p.HV / p.H);
   if (f != nullptr)

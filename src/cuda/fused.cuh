@@ -50,6 +50,13 @@ constexpr int kMaxConvW = 4;   // taps (check.cpp: W in 2..4)
 constexpr int kMaxConvL = 16;  // conv-state columns (check.cpp: L in W - 1..16)
 constexpr int kMaxTiles = 16;  // tiles of one value head in a cluster (kMaxFusedCluster)
 
+// silu(x) = x / (1 + e^-x) by the SFU's exponential and reciprocal (__expf, __fdividef): at small
+// B the conv items and the norm's writes are one item per thread on a lone warp's dependent chain,
+// where the IEEE division and the accurate expf were ~20 of its instructions. The relative error
+// stays near 1e-6 wherever the value is not negligible (SPEC section 6 allows 1e-5 at fp32); below
+// x ~ -88, e^-x overflows and the result is -0, as the division gives; NaN and -inf give NaN.
+__device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
+
 // ---------------------------------------------------------------------------------------
 // Thread-block cluster primitives (sm_90).
 // ---------------------------------------------------------------------------------------
@@ -301,7 +308,7 @@ __device__ __forceinline__ void fused_norm_gate(const FusedProblem& f, const Fus
     float g = 1.f;
     if (f.z.data != nullptr) {
       const float z = bits_to_f32(zb, f.z.dtype);
-      g = z / (1.f + expf(-z));
+      g = silu_fast(z);
     }
     fs.zw[e] = bits_to_f32(wb, f.norm_weight.dtype) * g;
   }
@@ -366,7 +373,7 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
 #pragma unroll
       for (int k = 0; k < kMaxConvW; ++k)
         if (k < W) acc = fmaf(w[k], win[(row0 + t + k) * s.own], acc);
-      dst[t * stride] = acc / (1.f + expf(-acc));
+      dst[t * stride] = silu_fast(acc);
     }
   }
   __syncthreads();  // the slice's outputs are complete
@@ -456,7 +463,7 @@ __device__ __forceinline__ float2 conv_vec_pair(const uint32_t* taps, const uint
 #pragma unroll
     for (int i = 0; i < 2; ++i) acc[i] = fmaf(tw[i * kW + k], xv[i], acc[i]);
   }
-  return make_float2(acc[0] / (1.f + expf(-acc[0])), acc[1] / (1.f + expf(-acc[1])));
+  return make_float2(silu_fast(acc[0]), silu_fast(acc[1]));
 }
 
 // The conv and SiLU of channels 2 * sub, +1 of group g (8 channels) at token t, into the raw
@@ -621,6 +628,20 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
   const int L = static_cast<int>(f.L), tiles = geo.tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const unsigned rank = s.rank;
+  // norm_weight * silu(z) of output item i (token i / nc, column c0 + i % nc).
+  [[maybe_unused]] const auto gate = [&](int i) {
+    if (!geo.norm_vec) return fs.zw[i];  // (fused_norm_gate)
+    float g = 1.f;                       // raw rows (fused_norm_issue); host: V is a multiple of nc
+    if (f.z.data != nullptr) g = silu_fast(smem_f32(fs.zw, f.z.dtype, i));
+    return smem_f32(fs.wn, f.norm_weight.dtype, i % nc) * g;
+  };
+  // The norm's writes start at warp 1 (warp 0 sums token 0's squares), and a thread's first
+  // item's gate is computed now: it does not need the sums, and at small B (an item per thread)
+  // it is then off the chain that follows the sums' barrier.
+  [[maybe_unused]] const int i0 = rotated_tid<NT>(1);
+  [[maybe_unused]] float gate0 = 0.f;
+  if constexpr (kNorm)
+    if (i0 < T * nc) gate0 = gate(i0);
   if constexpr (kNorm) {
     __syncthreads();  // the token loop's outputs (fs.o) are complete
     // This tile's sums of squares, one warp per token in a fixed order, stored into every tile
@@ -671,7 +692,7 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
       cluster_sync();
     else
       __syncthreads();
-    for (int i = threadIdx.x; i < T * nc; i += NT) {
+    for (int i = i0; i < T * nc; i += NT) {
       const int t = i / nc, c = i % nc;
       if (c0 + c >= p.V) continue;
       // The factor, per item rather than once per token behind one more barrier: every tile adds
@@ -679,17 +700,7 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
       float ss = 0.f;
       for (int j = 0; j < tiles; ++j) ss += fs.part[j * 16 + t];
       const float fac = rsqrtf(ss / static_cast<float>(p.V) + f.norm_eps);
-      float zw;
-      if (geo.norm_vec) {  // raw rows (fused_norm_issue); host: V is a multiple of nc
-        float g = 1.f;
-        if (f.z.data != nullptr) {
-          const float z = smem_f32(fs.zw, f.z.dtype, i);
-          g = z / (1.f + expf(-z));
-        }
-        zw = smem_f32(fs.wn, f.norm_weight.dtype, c) * g;
-      } else {
-        zw = fs.zw[i];
-      }
+      const float zw = i == i0 ? gate0 : gate(i);
       store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + c0 + c, fs.o[i] * fac * zw);
     }
   }

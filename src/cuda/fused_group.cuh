@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
         if (f.z.data != nullptr)
           gate = bits_to_f32(load_bits(f.z.data, zd, n * f.z.s[0] + t * f.z.s[1] + hv * f.z.s[2] + c * f.z.s[3]), zd);
       }
-      if (f.z.data != nullptr) gate = gate / (1.f + expf(-gate));  // silu(z)
+      if (f.z.data != nullptr) gate = silu_fast(gate);
       const float o = o_s[i] * fac_s[e] * (w * gate);
       store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + c, o);
     }
