@@ -320,16 +320,17 @@ bool vk_direct_pays(const Problem& p, int64_t blocks) {
   return mode == 2 || (mode == 1 && (per_sm == 1 || (per_sm == 2 && p.T <= 2)));
 }
 
+// The fused step's tiles at T = 1 (plan_vk_tile): at most this many state bytes, one per value head.
+constexpr int kFusedT1TileBytes = 64 * 1024;
+
 // VK tile path: tile rows a power of two in [G * RR, V], default ~32 KB of state per block,
 // halved while twice the blocks still fit in one wave of GDN_CUDA_TILE_BPS blocks per SM
 // (latency: more, shorter blocks, but never a second wave: B=4 Qwen3-Next fp32 went from
 // 1024 blocks in two waves, 11.3 us, to 512 in one, 9.1 us); at T = 1 see below.
 // `f` (the fused step, else null): no chunked kernel and no direct loop (the conv outputs are
-// fp32), no fine tiles, and tiles large enough that a cluster of all the blocks of one (row,
-// q/k head) fits (fused.cuh).
-constexpr int kFusedT1TileBytes = 64 * 1024;
-
-// `min_rt` (the fused step's widening, widen_fused_tiles): tiles of at least this many rows.
+// fp32), no fine tiles, tiles large enough that a cluster of all the blocks of one (row, q/k
+// head) fits (fused.cuh), and at T = 1 one tile per value head (kFusedT1TileBytes). `min_rt`
+// (the fused step's widening, widen_fused_tiles): tiles of at least this many rows.
 template <typename S>
 bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = nullptr, int min_rt = 0) {
   const int L = static_cast<int>(p.K / 16);
