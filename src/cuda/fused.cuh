@@ -213,13 +213,13 @@ __device__ __forceinline__ FusedSmem carve_fused(const FusedShare& s, float* bas
   return m;
 }
 
-// The conv channel of block channel c (c < S: q/k channel rank * S + c of head h, < 2K; else
+// The conv channel of block channel c (c < S: q/k channel s.rank * S + c of head s.h, < 2K; else
 // v channel c0 + c - S of head hv, < V); -1 past either end.
-__device__ __forceinline__ int64_t fused_channel(const Problem& p, const FusedShare& s, unsigned rank, int c,
-                                                 int64_t h, int64_t hv, int64_t c0) {
-  const int64_t K = p.K;
+__device__ __forceinline__ int64_t fused_channel(const Problem& p, const FusedShare& s, int c, int64_t hv,
+                                                 int64_t c0) {
+  const int64_t K = p.K, h = s.h;
   if (c < s.S) {
-    const int64_t qc = static_cast<int64_t>(rank) * s.S + c;
+    const int64_t qc = static_cast<int64_t>(s.rank) * s.S + c;
     return qc >= 2 * K ? -1 : qc < K ? h * K + qc : (p.H + h) * K + (qc - K);
   }
   const int64_t j = c0 + (c - s.S);
@@ -327,13 +327,11 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
                                            int64_t slot) {
   const Problem& p = f.step;
   const int K = static_cast<int>(p.K), L = static_cast<int>(f.L), W = static_cast<int>(f.W);
-  const int64_t h = s.h;
-  const unsigned rank = s.rank;
   float* const raw = reinterpret_cast<float*>(sm.raw);
   const int lc = L - s.first;
   fused_wait_started();  // the push below writes into the other blocks
   for (int c = threadIdx.x; c < s.own; c += NT) {
-    const int64_t d = fused_channel(p, s, rank, c, h, hv, c0);
+    const int64_t d = fused_channel(p, s, c, hv, c0);
     if (d < 0) continue;
     uint32_t wb[kMaxConvW], cb[kMaxConvL], xb[kMaxChunk], bb = 0;
 #pragma unroll
@@ -364,7 +362,7 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
     // Window entry L + t - (W - 1) + k lives at row L + t - (W - 1) + k - first of win.
     const int row0 = L - (W - 1) - s.first;
     const bool qk = c < s.S;
-    const int qc = static_cast<int>(rank) * s.S + c;  // q/k channel, when qk
+    const int qc = static_cast<int>(s.rank) * s.S + c;  // q/k channel, when qk
     float* const dst = qk ? raw + (qc < K ? 0 : T * K) + (qc < K ? qc : qc - K)
                           : raw + 2 * T * K + (c - s.S);
     const int stride = qk ? K : nc;
@@ -399,13 +397,11 @@ __device__ __forceinline__ void fused_conv_vec_issue_inputs(const FusedProblem& 
                                                             int T) {
   const Problem& p = f.step;
   const int W = static_cast<int>(f.W), lc = static_cast<int>(f.L) - s.first, G = s.own / 8;
-  const int64_t h = s.h;
-  const unsigned rank = s.rank;
   uint4* const win = reinterpret_cast<uint4*>(fs.win);
   uint4* const taps = win + s.wl * G;
   uint4* const bias = taps + G * W;
   for (int g = threadIdx.x; g < G; g += NT) {
-    const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
+    const int64_t d = fused_channel(p, s, g * 8, hv, c0);
     if (d < 0) continue;  // a whole group: slices, tiles and heads are multiples of 8 channels
     const char* const xs = static_cast<const char*>(f.x.data) + (n * f.x.s[0] + d) * 2;
     for (int t = 0; t < T; ++t) cp_async16(win + (lc + t) * G + g, xs + t * f.x.s[1] * 2);
@@ -421,11 +417,9 @@ __device__ __forceinline__ void fused_conv_vec_issue_state(const FusedProblem& f
                                                            int64_t slot) {
   const Problem& p = f.step;
   const int lc = static_cast<int>(f.L) - s.first, G = s.own / 8;
-  const int64_t h = s.h;
-  const unsigned rank = s.rank;
   uint4* const win = reinterpret_cast<uint4*>(fs.win);
   for (int g = rotated_tid<NT>(2); g < G; g += NT) {  // beside warp 0's gates and warp 3's write slots
-    const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
+    const int64_t d = fused_channel(p, s, g * 8, hv, c0);
     if (d < 0) continue;
     const char* const cs = static_cast<const char*>(f.conv_state.data) + (slot * f.conv_state.s[0] + d) * 2;
     for (int j = 0; j < lc; ++j) cp_async16(win + j * G + g, cs + (s.first + j) * f.conv_state.s[2] * 2);
@@ -472,8 +466,7 @@ __device__ __forceinline__ float2 conv_vec_pair(const uint32_t* taps, const uint
 // it.)
 template <int kW>
 __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
-                                                    const FusedSmem& fs, int g, int sub, int t, int nc, int T,
-                                                    unsigned rank) {
+                                                    const FusedSmem& fs, int g, int sub, int t, int nc, int T) {
   const int K = static_cast<int>(f.step.K), G = s.own / 8;
   const uint32_t* const win = reinterpret_cast<const uint32_t*>(fs.win);  // word (row * G + g) * 4 + sub
   // The group's taps are its 8 rows of [D, W], 8 * kW elements: the pair's 2 * kW start at
@@ -484,7 +477,7 @@ __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const
   const int row0 = static_cast<int>(f.L) - (kW - 1) - s.first + t;
   const float2 y = conv_vec_pair<kW>(taps, bias, win + (row0 * G + g) * 4 + sub, G * 4, f.x.dtype);
   const int c = g * 8 + 2 * sub;
-  const int qc = static_cast<int>(rank) * s.S + c;
+  const int qc = static_cast<int>(s.rank) * s.S + c;
   float* const raw = reinterpret_cast<float*>(sm.raw);
   float* const dst = c < s.S ? raw + (qc < K ? qc : T * K + qc - K) + t * K : raw + 2 * T * K + t * nc + (c - s.S);
   *reinterpret_cast<float2*>(dst) = y;
@@ -517,10 +510,8 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
                                                      int64_t n, int64_t hv, int64_t c0, int T) {
   const Problem& p = f.step;
   const int G = s.own / 8;
-  const int64_t h = s.h;
-  const unsigned rank = s.rank;
   for (int g = rotated_tid<NT>(NT / 32 - 1); g < G; g += NT) {
-    const int64_t d = fused_channel(p, s, rank, g * 8, h, hv, c0);
+    const int64_t d = fused_channel(p, s, g * 8, hv, c0);
     if (d >= 0) conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), G, g, d, n, s.first, T, fs.ws);
   }
 }
@@ -531,8 +522,6 @@ template <int NT, bool kNorm>
 __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const FusedShare& s, const StageSmem& sm,
                                                const FusedSmem& fs, int64_t n, int64_t hv, int64_t c0, int nc, int T) {
   const Problem& p = f.step;
-  const int64_t h = s.h;
-  const unsigned rank = s.rank;
   const int G = s.own / 8;
   __syncthreads();  // the windows and fs.ws
   // The conv state after each token, as soon as the windows landed: the block alone reads and
@@ -542,16 +531,16 @@ __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const Fuse
   fused_wait_started();  // the push below writes into the other blocks
   for (int item = threadIdx.x; item < G * 4 * T; item += NT) {
     const int sub = item % 4, g = item / 4 % G, t = item / (4 * G);
-    if (fused_channel(p, s, rank, g * 8, h, hv, c0) < 0) continue;
+    if (fused_channel(p, s, g * 8, hv, c0) < 0) continue;
     switch (f.W) {
       case 2:
-        fused_conv_vec_item<2>(f, s, sm, fs, g, sub, t, nc, T, rank);
+        fused_conv_vec_item<2>(f, s, sm, fs, g, sub, t, nc, T);
         break;
       case 3:
-        fused_conv_vec_item<3>(f, s, sm, fs, g, sub, t, nc, T, rank);
+        fused_conv_vec_item<3>(f, s, sm, fs, g, sub, t, nc, T);
         break;
       default:
-        fused_conv_vec_item<4>(f, s, sm, fs, g, sub, t, nc, T, rank);
+        fused_conv_vec_item<4>(f, s, sm, fs, g, sub, t, nc, T);
         break;
     }
   }
@@ -640,9 +629,8 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
   // it is then off the chain that follows the sums' barrier.
   [[maybe_unused]] const int i0 = rotated_tid<NT>(1);
   [[maybe_unused]] float gate0 = 0.f;
-  if constexpr (kNorm)
-    if (i0 < T * nc) gate0 = gate(i0);
   if constexpr (kNorm) {
+    if (i0 < T * nc) gate0 = gate(i0);
     __syncthreads();  // the token loop's outputs (fs.o) are complete
     // This tile's sums of squares, one warp per token in a fixed order, stored into every tile
     // of the head (the cluster is head-major: the head's tile 0 has rank rank - tile).
@@ -662,10 +650,9 @@ __device__ __forceinline__ void fused_finish(const FusedProblem& f, const Geomet
   }
 
   if (!geo.conv_vec) {  // (the 16-byte path stored its conv state in fused_conv_vec)
-    const int64_t h = s.h;
     const bool inter = f.conv_inter.data != nullptr;
     for (int c = threadIdx.x; c < s.own; c += NT) {
-      const int64_t d = fused_channel(p, s, rank, c, h, hv, c0);
+      const int64_t d = fused_channel(p, s, c, hv, c0);
       if (d < 0) continue;
       const float* const win = fs.win + c;
       for (int t = 0; t < T; ++t) {
