@@ -836,6 +836,29 @@ cudaError_t launch_tile_kernel(const Param& p, const LaunchPlan& lp, cudaStream_
   return err != cudaSuccess ? err : launch_kernel(kKernel, p, lp, stream);
 }
 
+// How many clusters of lp.cluster blocks of kKernel (lp.threads threads, lp.smem bytes of dynamic
+// shared memory each) the device runs at once: cudaOccupancyMaxActiveClusters, after the same
+// opt-ins as the launch (they change the answer). A host query, no device work; the planner
+// caches it (decode_cuda.cu, fused_cluster_capacity).
+template <auto kKernel>
+cudaError_t max_active_clusters(const LaunchPlan& lp, int* clusters) {
+  cudaError_t err = allow_big_smem<kKernel>();
+  if (err == cudaSuccess && lp.cluster > 8) err = allow_big_cluster<kKernel>();
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(lp.cluster));
+  cfg.blockDim = dim3(static_cast<unsigned>(lp.threads));
+  cfg.dynamicSmemBytes = lp.smem;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(lp.cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaOccupancyMaxActiveClusters(clusters, kKernel, &cfg);
+}
+
 // The kernels' kSr parameter: a 16-bit state with a rounding seed takes the kernels with the
 // stochastic-rounding store (launch(std::true_type)), every other call kernels without any of
 // its code (launch(std::false_type)): at B = 1 a kernel's size is part of its time (measured:

@@ -329,9 +329,10 @@ constexpr int kFusedT1TileBytes = 64 * 1024;
 // 1024 blocks in two waves, 11.3 us, to 512 in one, 9.1 us); at T = 1 see below.
 // `f` (the fused step, else null): no chunked kernel and no direct loop (the conv outputs are
 // fp32), no fine tiles, tiles large enough that a cluster of all the blocks of one (row, q/k
-// head) fits (fused.cuh), and at T = 1 one tile per value head (kFusedT1TileBytes).
+// head) fits (fused.cuh), and at T = 1 one tile per value head (kFusedT1TileBytes). `min_rt`
+// (the fused step's widening, widen_fused_tiles): tiles of at least this many rows.
 template <typename S>
-bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = nullptr) {
+bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = nullptr, int min_rt = 0) {
   const int L = static_cast<int>(p.K / 16);
   const int G = kVkThreads / L;
   const int V = static_cast<int>(p.V);
@@ -373,6 +374,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
     if (f != nullptr && p.T == 1)
       while (rt < V && 2 * rt * row_bytes <= kFusedT1TileBytes) rt *= 2;
   }
+  while (rt < min_rt && rt < V) rt *= 2;
   const int group = static_cast<int>(p.HV / p.H);
   if (f != nullptr)
     while (group * (V / rt) > kMaxFusedCluster && rt < V) rt *= 2;
@@ -665,6 +667,78 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   return true;
 }
 
+// How many clusters of the fused plan's kernel the current device runs at once
+// (fused_max_clusters), or 0 where it cannot say. Cached per device, kernel, cluster size and
+// shared memory: the planner runs per call (an eager caller pays its host time), the query once
+// per key. A fixed table of atomics, no allocation and no lock; two threads that miss at once
+// both ask and store the same answer.
+template <typename S>
+int fused_cluster_capacity(const FusedProblem& f, const LaunchPlan& lp) {
+  constexpr int kSlots = 256;
+  static std::atomic<uint64_t> keys[kSlots];
+  static std::atomic<int> values[kSlots];  // capacity + 1 once stored
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64 || lp.smem >= (size_t{1} << 20)) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const Problem& p = f.step;
+  const uint64_t k_code = p.K == 64 ? 0 : p.K == 128 ? 1 : 2;
+  const bool sr = sizeof(S) == 2 && p.rounding_seed != nullptr;
+  const uint64_t key = 1 | uint64_t(dev) << 1 | uint64_t(sizeof(S)) << 7 | uint64_t(p.layout_kv) << 10 | k_code << 11 |
+                       uint64_t(lp.rows_per_thread) << 13 | uint64_t(f.norm_weight.data != nullptr) << 16 |
+                       uint64_t(sr) << 17 | uint64_t(lp.cluster) << 18 | uint64_t(lp.smem) << 24;
+  const int home = static_cast<int>((key * 0x9E3779B97F4A7C15ull) >> 56);  // 8 bits: kSlots
+  const auto ask = [&] {
+    int n = 0;
+    const cudaError_t err = p.layout_kv ? fused_max_clusters<S, true>(f, lp, &n) : fused_max_clusters<S, false>(f, lp, &n);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky; do not leak it to the caller
+      return 0;
+    }
+    return n;
+  };
+  for (int i = 0; i < kSlots; ++i) {
+    const int slot = (home + i) % kSlots;
+    uint64_t k = keys[slot].load(std::memory_order_acquire);
+    if (k == 0) {
+      const int n = ask();
+      if (keys[slot].compare_exchange_strong(k, key, std::memory_order_acq_rel)) {
+        values[slot].store(n + 1, std::memory_order_release);
+        return n;
+      }
+      if (k == key) return n;  // another thread stored this key first
+      continue;
+    }
+    if (k == key) {
+      const int v = values[slot].load(std::memory_order_acquire);
+      return v > 0 ? v - 1 : ask();  // stored but not yet valued: ask again
+    }
+  }
+  return ask();  // a full table: every new key asks
+}
+
+// The fused step's tiles at T > 1 (VK; T = 1 takes one tile per head, plan_vk_tile): decode's
+// tiles, small at small B for latency, make grids that pass one wave of clusters by a little and
+// then take two (H100, docs/design.md "The fused step at small and mid B": Qwen3.5 bf16 T = 4
+// B = 2, 512 blocks in clusters of 16, 21.5 us, against 16.9 with one tile per head and 15.0 at
+// B = 3 with 384 blocks in clusters of 8). So where the grid's clusters are more than the device
+// runs at once but at most twice that, the tiles widen until they fit (or are a whole head);
+// grids of several waves keep decode's tiles.
+template <typename S>
+void widen_fused_tiles(const FusedProblem& f, LaunchPlan& lp) {
+  const Problem& p = f.step;
+  if (p.layout_kv || p.T == 1 || vk_tile_rows_override() > 0) return;
+  while (lp.geo.tile_rows < p.V && lp.cluster > 0) {
+    const int64_t cap = fused_cluster_capacity<S>(f, lp);
+    const int64_t clusters = lp.blocks / lp.cluster;
+    if (cap <= 0 || clusters <= cap || clusters > 2 * cap) return;
+    LaunchPlan wider;
+    if (!plan_vk_tile<S>(p, wider, &f, 2 * lp.geo.tile_rows) || wider.geo.tile_rows <= lp.geo.tile_rows) return;
+    lp = wider;
+  }
+}
+
 template <typename S>
 std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
@@ -679,6 +753,7 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
            " value heads times their tiles) in one thread-block cluster of at most " +
            std::to_string(kMaxFusedCluster) + " blocks; this shape does not fit";
   if (plan_fused_group<S>(f, lp)) return {};
+  widen_fused_tiles<S>(f, lp);
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
   lp.geo.qkv_vec = false;  // the conv loads the new inputs itself (stage_issue never runs)

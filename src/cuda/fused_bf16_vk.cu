@@ -3,4 +3,5 @@
 
 namespace gdn::detail::cuda {
 template cudaError_t launch_fused<__nv_bfloat16, false>(const FusedProblem&, const LaunchPlan&, cudaStream_t);
+template cudaError_t fused_max_clusters<__nv_bfloat16, false>(const FusedProblem&, const LaunchPlan&, int*);
 }  // namespace gdn::detail::cuda

@@ -3,4 +3,5 @@
 
 namespace gdn::detail::cuda {
 template cudaError_t launch_fused<float, true>(const FusedProblem&, const LaunchPlan&, cudaStream_t);
+template cudaError_t fused_max_clusters<float, true>(const FusedProblem&, const LaunchPlan&, int*);
 }  // namespace gdn::detail::cuda
