@@ -195,6 +195,31 @@ TEST_P(Fused, TransformersConvStateAndKvLayout) {
   }
 }
 
+// The conv pools of SGLang ([P, D, W - 1]) and transformers ([P, D, W]): each channel's columns
+// contiguous, the channels packed, with a channel-major conv_inter. On CUDA, with 16-bit
+// activations and taps, the conv's 16-byte path takes them as 8L-element groups (fused.cuh,
+// conv_cm_transpose); here in the cluster form (both layouts, small B), at Qwen3-Next's heads.
+TEST_P(Fused, ChannelMajorConvPools) {
+  GDN_SEED();
+  for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+    for (int64_t L : {3, 4}) {
+      for (int64_t T : {1, 3}) {
+        SCOPED_TRACE(std::string(layout == StateLayout::kVK ? "VK" : "KV") + " L=" + std::to_string(L) +
+                     " T=" + std::to_string(T));
+        Config cfg = base(Addressing::kPool, 3, T);
+        cfg.qwen3_next_heads();
+        cfg.layout = layout;
+        cfg.padding = true;
+        cfg.conv_L = L;
+        cfg.conv_transposed = false;
+        cfg.conv_bias = T == 1;
+        run_and_compare(backend(), make_case(cfg, seed));
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+}
+
 // GVA groups of 4 value heads (Qwen3.5's ratio) at B = 1: on CUDA the cluster of one (row, q/k
 // head) holds 4 heads x their tiles, 16 blocks, so the conv-state handoff and the norm's sums
 // cross the largest cluster.
@@ -266,6 +291,21 @@ TEST_P(Fused, ServingBatchOneBlockPerQkHead) {
          c.out_dtype = kFloat32;
        }},
       {"bf16 pool T=1 update_state false", [](Config& c) { c.update_state = false; }},
+      {"bf16 pool T=2 SGLang's channel-major conv pool [P, D, 3], bias, conv_inter, padding",
+       [](Config& c) {
+         c.T = 2;
+         c.conv_transposed = false;
+         c.conv_bias = true;
+         c.conv_inter = true;
+         c.padding = true;
+       }},
+      {"fp32 pool T=1 transformers' conv pool [P, D, 4] in vLLM pages",
+       [](Config& c) {
+         c.state_dtype = kFloat32;
+         c.conv_L = 4;
+         c.conv_transposed = false;
+         c.strides = StrideMode::kPage;
+       }},
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);

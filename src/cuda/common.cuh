@@ -443,7 +443,8 @@ struct Geometry {
   int raw_bytes = 0;    // bytes of the raw staging area (16-byte multiple)
   bool qkv_vec = true;  // q, k, v views allow 16-byte cp.async
   bool prefetch = true; // tile kernels: L2-prefetch the state before pdl_wait (GDN_CUDA_PREFETCH)
-  bool conv_vec = false; // fused step: the conv's 16-byte path (fused.cuh, fused_conv_vec_ok)
+  bool conv_vec = false; // fused step: the conv's 16-byte path (fused.cuh, fused_conv_path)
+  bool conv_cm = false;  // fused step: its channel-major variant (conv state [.., D, L], L contiguous)
   bool norm_vec = false; // fused step: the norm's inputs by 16-byte cp.async (fused_norm_vec_ok)
   int buffers = 0;       // fused group kernel: state stage buffers (fused_group.cuh)
 };

@@ -191,38 +191,54 @@ size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp, bool fused = f
   return raw + f32;
 }
 
+// The conv's 16-byte path (fused.cuh, fused_group.cuh): mixed_qkv, the conv state (and
+// conv_inter) and the taps (and bias) of one 16-bit dtype; mixed_qkv and the bias contiguous
+// along the channels and the taps row-major [D, W]; the conv state and conv_inter either
+// contiguous along the channels (vLLM's [P, L, D] memory: kConvVec) or channel-major with the
+// channels packed (FLA's, transformers' and SGLang's [P, D, L]: kConvCm; a group of 8 channels
+// is then 8L contiguous elements); every other stride a multiple of 8 elements and every base
+// 16-byte aligned; q/k slices of a multiple of 8 channels (the cluster form's C = HV/H x tiles
+// blocks each take one; the group kernel's C = 1). Else the generic path (kConvScalar).
+enum ConvPath : int { kConvScalar = 0, kConvVec = 1, kConvCm = 2 };
+
+// Channel-major conv state and conv_inter, channels packed (the layout condition of kConvCm).
+bool fused_conv_cm_layout(const FusedProblem& f) {
+  const int64_t L = f.L;
+  return f.conv_state.s[2] == 1 && f.conv_state.s[1] == L &&
+         (f.conv_inter.data == nullptr || (f.conv_inter.s[3] == 1 && f.conv_inter.s[2] == L));
+}
+
+ConvPath fused_conv_path(const FusedProblem& f, int64_t C) {
+  const Problem& p = f.step;
+  const DType dt = f.x.dtype;
+  if (dt == DType::kF32 || f.conv_state.dtype != dt || f.conv_weight.dtype != dt) return kConvScalar;
+  if (f.conv_bias.data != nullptr && (f.conv_bias.dtype != dt || f.conv_bias.s[0] != 1)) return kConvScalar;
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const auto mult8 = [](int64_t x) { return x % 8 == 0; };
+  if (!aligned(f.x.data) || f.x.s[2] != 1 || !mult8(f.x.s[0]) || !mult8(f.x.s[1])) return kConvScalar;
+  if (!aligned(f.conv_weight.data) || f.conv_weight.s[1] != 1 || f.conv_weight.s[0] != f.W) return kConvScalar;
+  if (f.conv_bias.data != nullptr && !aligned(f.conv_bias.data)) return kConvScalar;
+  if ((2 * p.K) % C != 0 || !mult8(2 * p.K / C)) return kConvScalar;
+  const bool inter = f.conv_inter.data != nullptr;
+  if (!aligned(f.conv_state.data) || !mult8(f.conv_state.s[0])) return kConvScalar;
+  if (inter && (!aligned(f.conv_inter.data) || !mult8(f.conv_inter.s[0]) || !mult8(f.conv_inter.s[1])))
+    return kConvScalar;
+  if (f.conv_state.s[1] == 1 && mult8(f.conv_state.s[2]) &&
+      (!inter || (f.conv_inter.s[2] == 1 && mult8(f.conv_inter.s[3]))))
+    return kConvVec;
+  return fused_conv_cm_layout(f) ? kConvCm : kConvScalar;
+}
+
 // The fused step's shared memory beyond the staging area.
 size_t fused_extra_bytes(const FusedProblem* f, int nc, int tiles) {
   if (f == nullptr) return 0;
   const int T = static_cast<int>(f->step.T);
+  // The channel-major scratch wherever the layout could take it (the path is picked after the
+  // tiles: fused_conv_path).
   const FusedShare s = fused_share(static_cast<int>(f->step.K), static_cast<int>(f->step.HV / f->step.H), tiles, nc,
-                                   static_cast<int>(f->L), static_cast<int>(f->W), T);
+                                   static_cast<int>(f->L), static_cast<int>(f->W), T, fused_conv_cm_layout(*f));
   return sizeof(float) * static_cast<size_t>(fused_smem_floats(s, T, nc, static_cast<int>(f->W),
                                                                  f->norm_weight.data != nullptr));
-}
-
-// The conv's 16-byte path (fused.cuh, fused_group.cuh): mixed_qkv, the conv state (and
-// conv_inter) and the taps (and bias) of one 16-bit dtype; mixed_qkv, the conv state, conv_inter
-// and the bias contiguous along the channels and the taps row-major [D, W]; every other stride a
-// multiple of 8 elements and every base 16-byte aligned; q/k slices of a multiple of 8 channels
-// (the cluster form's C = HV/H x tiles blocks each take one; the group kernel's C = 1).
-bool fused_conv_vec_ok(const FusedProblem& f, int64_t C) {
-  const Problem& p = f.step;
-  const DType dt = f.x.dtype;
-  if (dt == DType::kF32 || f.conv_state.dtype != dt || f.conv_weight.dtype != dt) return false;
-  if (f.conv_bias.data != nullptr && (f.conv_bias.dtype != dt || f.conv_bias.s[0] != 1)) return false;
-  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  const auto mult8 = [](int64_t x) { return x % 8 == 0; };
-  if (!aligned(f.x.data) || f.x.s[2] != 1 || !mult8(f.x.s[0]) || !mult8(f.x.s[1])) return false;
-  if (!aligned(f.conv_state.data) || f.conv_state.s[1] != 1 || !mult8(f.conv_state.s[0]) || !mult8(f.conv_state.s[2]))
-    return false;
-  if (!aligned(f.conv_weight.data) || f.conv_weight.s[1] != 1 || f.conv_weight.s[0] != f.W) return false;
-  if (f.conv_bias.data != nullptr && !aligned(f.conv_bias.data)) return false;
-  if (f.conv_inter.data != nullptr &&
-      (!aligned(f.conv_inter.data) || f.conv_inter.s[2] != 1 || !mult8(f.conv_inter.s[0]) ||
-       !mult8(f.conv_inter.s[1]) || !mult8(f.conv_inter.s[3])))
-    return false;
-  return (2 * p.K) % C == 0 && mult8(2 * p.K / C);
 }
 
 // The norm's 16-byte path (fused.cuh, fused_norm_issue): norm_weight and z contiguous along V,
@@ -632,7 +648,8 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
   const int mode = fused_group_mode();
   if (mode == 0 || p.layout_kv || p.K != 128 || p.V % kGroupRows != 0 || p.T > kMaxChunk) return false;
-  if (!fused_conv_vec_ok(f, 1)) return false;
+  const ConvPath conv = fused_conv_path(f, 1);
+  if (conv == kConvScalar) return false;
   const int64_t blocks = p.B * p.H;
   const int64_t state_bytes = p.B * p.HV * p.V * p.K * static_cast<int64_t>(sizeof(S));
   const bool pays = 2 * blocks >= 3 * sm_count() && (p.T >= 4 || state_bytes >= kGroupMinStateBytesPerSm * sm_count());
@@ -645,6 +662,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const int zb = norm_vec && f.z.data != nullptr ? dtype_bytes_host(f.z.dtype) : 0;
   const int wb = norm_vec ? dtype_bytes_host(f.norm_weight.dtype) : 0;
   const FusedGroupSmem lay(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L),
+                           conv == kConvCm,
                            kGroupRows, nb, static_cast<int>(sizeof(S)), norm, zb, wb);
   if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
   lp = LaunchPlan{};
@@ -661,6 +679,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   lp.geo.chunk = T;
   lp.geo.qkv_vec = false;
   lp.geo.conv_vec = true;
+  lp.geo.conv_cm = conv == kConvCm;
   lp.geo.norm_vec = norm_vec;
   lp.geo.prefetch = false;  // a grid of several waves (kGroupMinStateBytesPerSm)
   lp.pdl = pdl_enabled();
@@ -757,7 +776,9 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
   lp.geo.qkv_vec = false;  // the conv loads the new inputs itself (stage_issue never runs)
-  lp.geo.conv_vec = fused_conv_vec_ok(f, p.HV / p.H * lp.geo.tiles);
+  const ConvPath conv = fused_conv_path(f, p.HV / p.H * lp.geo.tiles);
+  lp.geo.conv_vec = conv != kConvScalar;
+  lp.geo.conv_cm = conv == kConvCm;
   lp.pdl = pdl_enabled();
   lp.geo.prefetch = prefetch_enabled() && one_wave(lp.blocks);
   return {};

@@ -137,12 +137,14 @@ struct FusedShare {
   int own = 0;    // S + nc
   int first = 0;  // conv_first_col
   int wl = 0;     // window entries kept per channel: L - first + T
+  int cm = 0;     // the 16-byte path's channel-major variant: L (the raw columns' scratch), else 0
   // The block's own (device only; fused_share_block): its q/k head and its cluster rank.
   int64_t h = 0;
   unsigned rank = 0;
 };
 
-__host__ __device__ inline FusedShare fused_share(int K, int group, int tiles, int nc, int L, int W, int T) {
+__host__ __device__ inline FusedShare fused_share(int K, int group, int tiles, int nc, int L, int W, int T,
+                                                  bool conv_cm) {
   FusedShare s;
   s.group = group;
   s.C = group * tiles;
@@ -150,6 +152,7 @@ __host__ __device__ inline FusedShare fused_share(int K, int group, int tiles, i
   s.own = s.S + nc;
   s.first = conv_first_col(L, W);
   s.wl = L - s.first + T;
+  s.cm = conv_cm ? L : 0;
   return s;
 }
 
@@ -189,9 +192,10 @@ __device__ __forceinline__ int rotated_tid(int w) {
 }
 
 // Floats of the window region: fp32 windows (the generic path), or the 16-byte path's raw
-// 16-bit windows, taps and bias, 8 channels per 16-byte vector.
+// 16-bit windows, taps and bias, 8 channels per 16-byte vector (channel-major: and the raw
+// columns' scratch).
 __host__ __device__ constexpr int fused_win_floats(const FusedShare& s, int W) {
-  return round4(s.wl * s.own > s.own / 2 * (s.wl + W + 1) ? s.wl * s.own : s.own / 2 * (s.wl + W + 1));
+  return round4(s.wl * s.own > s.own / 2 * (s.wl + W + 1 + s.cm) ? s.wl * s.own : s.own / 2 * (s.wl + W + 1 + s.cm));
 }
 
 // Floats after the staging area, each region a multiple of 16 bytes, plus 4 of slack to align
@@ -379,7 +383,7 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
 }
 
 // ---------------------------------------------------------------------------------------
-// The 16-byte path, for the engines' layout (host: fused_conv_vec_ok): mixed_qkv, the conv
+// The 16-byte path, for the engines' layout (host: fused_conv_path): mixed_qkv, the conv
 // state and the taps of one 16-bit dtype, mixed_qkv and the conv state contiguous along the
 // channels (vLLM's [P, L, D] pool), taps row-major [D, W], every 16-byte piece aligned. A thread
 // loads 8 consecutive block channels (a slice and the v channels are multiples of 8): their
@@ -387,6 +391,11 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
 // register held; the conv runs on channel pairs; the conv state is later written as 16-byte
 // copies of window rows. Layout of fs.win
 // with G = own / 8 groups: rows [wl][G] of raw windows, then taps [G][W], then bias [G].
+// The channel-major variant (s.cm = L; FLA's, transformers' and SGLang's conv state [P, D, L],
+// each channel's L columns contiguous and the channels packed): a group's conv state is then
+// 8L contiguous elements, L 16-byte pieces, which land raw in a scratch [G][L] after the bias
+// and are transposed into the window rows (conv_cm_transpose); the stores gather each piece of
+// 8 (channel, column) elements from the window rows. Everything else is shared.
 // ---------------------------------------------------------------------------------------
 // Issues the block's conv inputs by cp.async (in the caller's groups), in two parts: what does
 // not depend on the row's slot (the new inputs, taps and bias) before the slot is known, the
@@ -411,18 +420,51 @@ __device__ __forceinline__ void fused_conv_vec_issue_inputs(const FusedProblem& 
   }
 }
 
+// The read slot's conv columns of the group of 8 channels from conv channel d: into the window
+// rows [lc][G] (channels contiguous), or channel-major (cm = L) raw into `scratch`'s [G][L]
+// pieces. Shared with the group kernel.
+__device__ __forceinline__ void conv_vec_issue_columns(const FusedProblem& f, uint4* win, uint4* scratch, int cm,
+                                                       int G, int g, int64_t d, int64_t slot, int first) {
+  const char* const cs = static_cast<const char*>(f.conv_state.data) + slot * f.conv_state.s[0] * 2;
+  if (cm > 0) {
+    const char* const src = cs + d * cm * 2;  // host: conv_state.s[1] == L, s[2] == 1
+    for (int v = 0; v < cm; ++v) cp_async16(scratch + g * cm + v, src + v * 16);
+  } else {
+    const int lc = static_cast<int>(f.L) - first;
+    for (int j = 0; j < lc; ++j) cp_async16(win + j * G + g, cs + (d + (first + j) * f.conv_state.s[2]) * 2);
+  }
+}
+
+// Channel-major: the landed raw columns (group g's 8L elements in `scratch`, channel i's column
+// c at element i * L + c) into window rows 0..lc-1 (entries first..L-1), a row piece per item,
+// all threads from `tid0`. `valid(g)`: the group has channels. The caller syncs before (the
+// pieces landed) and after.
+template <int NT, class Valid>
+__device__ __forceinline__ void conv_cm_transpose(const uint4* scratch, uint4* win, int G, int L, int first,
+                                                  int tid0, Valid valid) {
+  const int lc = L - first;
+  for (int item = tid0; item < G * lc; item += NT) {
+    const int g = item % G, j = item / G;
+    if (!valid(g)) continue;
+    const uint16_t* const src = reinterpret_cast<const uint16_t*>(scratch + g * L) + first + j;
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = uint32_t{src[2 * i * L]} | uint32_t{src[(2 * i + 1) * L]} << 16;
+    win[j * G + g] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 template <int NT>
 __device__ __forceinline__ void fused_conv_vec_issue_state(const FusedProblem& f, const FusedShare& s,
                                                            const FusedSmem& fs, int64_t hv, int64_t c0,
                                                            int64_t slot) {
   const Problem& p = f.step;
-  const int lc = static_cast<int>(f.L) - s.first, G = s.own / 8;
+  const int G = s.own / 8;
   uint4* const win = reinterpret_cast<uint4*>(fs.win);
+  uint4* const scratch = win + G * (s.wl + static_cast<int>(f.W) + 1);
   for (int g = rotated_tid<NT>(2); g < G; g += NT) {  // beside warp 0's gates and warp 3's write slots
     const int64_t d = fused_channel(p, s, g * 8, hv, c0);
-    if (d < 0) continue;
-    const char* const cs = static_cast<const char*>(f.conv_state.data) + (slot * f.conv_state.s[0] + d) * 2;
-    for (int j = 0; j < lc; ++j) cp_async16(win + j * G + g, cs + (s.first + j) * f.conv_state.s[2] * 2);
+    if (d >= 0) conv_vec_issue_columns(f, win, scratch, s.cm, G, g, d, slot, s.first);
   }
 }
 
@@ -486,14 +528,40 @@ __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const
 // The conv state after each stored token (and conv_inter) of one group of 8 channels starting at
 // conv channel d: 16-byte copies of its window rows (`win`: rows of G groups; column j after token
 // t is window entry t + 1 + j, row t + 1 + j - first; the conv state and mixed_qkv share the
-// dtype). `ws`: each token's conv write slot (< 0: none). Shared with the group kernel.
-__device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, const uint4* win, int G, int g, int64_t d,
-                                                     int64_t n, int first, int T, const int64_t* ws) {
+// dtype), or channel-major (cm = L; conv_inter too, host: fused_conv_path) L pieces of 8
+// (channel, column) elements gathered from them. `ws`: each token's conv write slot (< 0: none).
+// Shared with the group kernel.
+__device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, const uint4* win, int cm, int G, int g,
+                                                     int64_t d, int64_t n, int first, int T, const int64_t* ws) {
   const int L = static_cast<int>(f.L);
   const bool inter = f.conv_inter.data != nullptr;
   for (int t = 0; t < T; ++t) {
     const int64_t wslot = ws[t];
     if (wslot < 0 && !inter) continue;
+    if (cm > 0) {
+      char* const cs = static_cast<char*>(f.conv_state.data) + (wslot * f.conv_state.s[0] + d * L) * 2;
+      char* const ci =
+          static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * L) * 2;
+      // Element e of the group's 8L is channel e / L, column e % L: window row t + 1 + e % L - first.
+      const uint16_t* const rows = reinterpret_cast<const uint16_t*>(win) + (t + 1 - first) * G * 8 + g * 8;
+      int i = 0, j = 0;
+      for (int v = 0; v < L; ++v) {
+        uint32_t w[4];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const uint32_t h = rows[j * G * 8 + i];
+          w[e / 2] = e % 2 == 0 ? h : w[e / 2] | h << 16;
+          if (++j == L) {
+            j = 0;
+            ++i;
+          }
+        }
+        const Packed<__half> pv{make_uint4(w[0], w[1], w[2], w[3])};
+        if (wslot >= 0) store_state_vec<__half, true>(reinterpret_cast<__half*>(cs + v * 16), pv);
+        if (inter) store_state_vec<__half, true>(reinterpret_cast<__half*>(ci + v * 16), pv);
+      }
+      continue;
+    }
     char* const cs = static_cast<char*>(f.conv_state.data) + (wslot * f.conv_state.s[0] + d) * 2;
     char* const ci = static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d) * 2;
     for (int j = 0; j < L; ++j) {
@@ -512,7 +580,7 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
   const int G = s.own / 8;
   for (int g = rotated_tid<NT>(NT / 32 - 1); g < G; g += NT) {
     const int64_t d = fused_channel(p, s, g * 8, hv, c0);
-    if (d >= 0) conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), G, g, d, n, s.first, T, fs.ws);
+    if (d >= 0) conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), s.cm, G, g, d, n, s.first, T, fs.ws);
   }
 }
 
@@ -524,6 +592,12 @@ __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const Fuse
   const Problem& p = f.step;
   const int G = s.own / 8;
   __syncthreads();  // the windows and fs.ws
+  if (s.cm > 0) {
+    uint4* const win = reinterpret_cast<uint4*>(fs.win);
+    conv_cm_transpose<NT>(win + G * (s.wl + static_cast<int>(f.W) + 1), win, G, s.cm, s.first, threadIdx.x,
+                          [&](int g) { return fused_channel(p, s, g * 8, hv, c0) >= 0; });
+    __syncthreads();  // the old columns' window rows
+  }
   // The conv state after each token, as soon as the windows landed: the block alone reads and
   // writes these channels, and its read of them is over. So the stores are in flight during the
   // token loop instead of following it.

@@ -31,7 +31,7 @@ struct FusedGroupSmem {
   int q, k;      // [T][K] fp32 conv outputs at VkShape::Pos positions
   int v;         // [T][group * V] fp32
   int tok;       // [group][T][kTokScalars]
-  int win;       // uint4 [wl][G8] raw windows, [G8][W] taps, [G8] bias
+  int win;       // uint4 [wl][G8] raw windows, [G8][W] taps, [G8] bias (channel-major: [G8][L] raw columns)
   int o;         // [group][T][V] fp32 raw outputs (norm only)
   int z;         // [group][T][V] raw z (norm with 16-byte rows and a gate)
   int wn;        // [V] raw norm_weight (norm with 16-byte rows)
@@ -41,8 +41,8 @@ struct FusedGroupSmem {
   int G8;        // groups of 8 conv channels: (2K + group V) / 8
   int wl;        // window rows: old columns first..L-1, then the T inputs
   static constexpr __host__ __device__ int up16(int b) { return (b + 15) / 16 * 16; }
-  __host__ __device__ FusedGroupSmem(int K, int V, int group, int T, int W, int L, int rt, int nb, int state_bytes,
-                                     bool norm, int z_bytes, int wn_bytes) {
+  __host__ __device__ FusedGroupSmem(int K, int V, int group, int T, int W, int L, bool cm, int rt, int nb,
+                                     int state_bytes, bool norm, int z_bytes, int wn_bytes) {
     G8 = (2 * K + group * V) / 8;
     wl = L - conv_first_col(L, W) + T;
     q = up16(nb * rt * K * state_bytes);
@@ -50,7 +50,7 @@ struct FusedGroupSmem {
     v = k + up16(T * K * 4);
     tok = v + up16(T * group * V * 4);
     win = tok + up16(group * T * kTokScalars * 4);
-    o = win + G8 * 16 * (wl + W + 1);
+    o = win + G8 * 16 * (wl + W + 1 + (cm ? L : 0));
     z = o + (norm ? up16(group * T * V * 4) : 0);
     wn = z + (norm ? up16(group * T * V * z_bytes) : 0);
     fac = wn + (norm ? up16(V * wn_bytes) : 0);
@@ -132,7 +132,8 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   const int RT = geo.tile_rows, tiles = geo.tiles, NB = geo.buffers, NS = group * tiles;
   const bool norm_vec = kNorm && geo.norm_vec;
   const int zs = f.z.dtype == DType::kF32 ? 4 : 2, wns = f.norm_weight.dtype == DType::kF32 ? 4 : 2;
-  const FusedGroupSmem lay(K, V, group, T, W, Lc, RT, NB, static_cast<int>(sizeof(S)), kNorm,
+  const int cm = geo.conv_cm ? Lc : 0;
+  const FusedGroupSmem lay(K, V, group, T, W, Lc, cm > 0, RT, NB, static_cast<int>(sizeof(S)), kNorm,
                            norm_vec && f.z.data != nullptr ? zs : 0, norm_vec ? wns : 0);
 
   extern __shared__ float4 smem4[];
@@ -200,11 +201,9 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   }
   // The read slot's conv columns, then the first NB state stages (empty groups past the last
   // stage keep one group per stage, so the waits below count the same everywhere).
-  for (int g = tid; g < G8; g += NT) {
-    const int64_t d = group_channel(p, h, g * 8);
-    const char* const cs = static_cast<const char*>(f.conv_state.data) + (slots.read * f.conv_state.s[0] + d) * 2;
-    for (int c = 0; c < lc; ++c) cp_async16(win + c * G8 + g, cs + (first + c) * f.conv_state.s[2] * 2);
-  }
+  uint4* const scratch = win + G8 * (lay.wl + W + 1);
+  for (int g = tid; g < G8; g += NT)
+    conv_vec_issue_columns(f, win, scratch, cm, G8, g, group_channel(p, h, g * 8), slots.read, first);
   cp_async_commit();
   const auto issue_stage = [&](int s) {
     if (s < NS) {
@@ -231,6 +230,10 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   if (warp == 0) warp_store_write_slots(p, slots, n, ws_s);
   cp_async_wait_pending(NB);  // this thread's conv inputs and columns landed
   __syncthreads();
+  if (cm > 0) {
+    conv_cm_transpose<NT>(scratch, win, G8, Lc, first, tid, [](int) { return true; });
+    __syncthreads();  // the old columns' window rows
+  }
 
   for (int item = tid; item < G8 * 4 * T; item += NT) {
     const int sub = item & 3, g = (item >> 2) % G8, t = item / (4 * G8);
@@ -269,7 +272,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   // The conv state after each stored token (and conv_inter). The block alone reads these
   // channels, and it has read them.
   for (int g = tid; g < G8; g += NT)
-    conv_vec_store_group(f, win, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
+    conv_vec_store_group(f, win, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
 
   // The stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
   for (int s = 0; s < NS; ++s) {

@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   FusedShare share;
   if constexpr (Fz::kOn) {
     share = fused_share(K, static_cast<int>(p.HV / p.H), geo.tiles, VT, static_cast<int>(prm.L),
-                        static_cast<int>(prm.W), T);
+                        static_cast<int>(prm.W), T, geo.conv_cm);
     fs = carve_fused(share, sm.v + sm.chunk * VT, T, VT, static_cast<int>(prm.W), Fz::kNorm);
   }
 

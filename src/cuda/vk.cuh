@@ -616,7 +616,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   FusedShare share;
   if constexpr (Fz::kOn) {
     share = fused_share(K, static_cast<int>(p.HV / p.H), geo.tiles, RT, static_cast<int>(prm.L),
-                        static_cast<int>(prm.W), static_cast<int>(p.T));
+                        static_cast<int>(prm.W), static_cast<int>(p.T), geo.conv_cm);
     fs = carve_fused(share, sm.v + sm.chunk * RT, static_cast<int>(p.T), RT, static_cast<int>(prm.W), Fz::kNorm);
   }
 
