@@ -11,7 +11,8 @@
 // current one computes. The conv itself runs while the first NB stages are in flight.
 //
 // The engines' layout only (host: plan_fused_group): VK state, K = 128, 16-byte state rows, the
-// conv's 16-byte path (mixed_qkv, conv state and taps of one 16-bit dtype, channels contiguous).
+// conv's 16-byte path (mixed_qkv, conv state and taps of one 16-bit dtype; the conv state
+// channels-contiguous or channel-major packed, fused_conv_path).
 // Other calls take the cluster form.
 #pragma once
 
@@ -92,14 +93,16 @@ __device__ __forceinline__ int64_t group_channel(const Problem& p, int64_t h, in
 // q and k at their Pos positions, v in order.
 template <typename S, int K, int kW>
 __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const FusedGroupSmem& lay, char* base, int g,
-                                                int sub, int t, int gV) {
+                                                int sub, int t, int gV, int cm) {
   const int G8 = lay.G8;
   const uint32_t* const win = reinterpret_cast<const uint32_t*>(base + lay.win);  // word (row * G8 + g) * 4 + sub
   const uint32_t* const taps = win + lay.wl * G8 * 4 + g * kW * 4 + sub * kW;
   const uint32_t* const bias =
       f.conv_bias.data != nullptr ? win + lay.wl * G8 * 4 + G8 * kW * 4 + g * 4 + sub : nullptr;
-  const int row0 = static_cast<int>(f.L) - (kW - 1) - conv_first_col(static_cast<int>(f.L), kW) + t;
-  const float2 y = conv_vec_pair<kW>(taps, bias, win + (row0 * G8 + g) * 4 + sub, G8 * 4, f.x.dtype);
+  const uint4* const rows = reinterpret_cast<const uint4*>(base + lay.win);
+  const ConvPairEntry entry(rows, rows + G8 * (lay.wl + kW + 1), G8, g, sub, static_cast<int>(f.L) - (kW - 1) + t,
+                            conv_first_col(static_cast<int>(f.L), kW), cm);
+  const float2 y = conv_vec_pair<kW>(taps, bias, entry, f.x.dtype);
   const int c = g * 8 + 2 * sub;
   using Pos = typename VkShape<S, K, 1>::Pos;
   float* dst;
@@ -230,22 +233,18 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   if (warp == 0) warp_store_write_slots(p, slots, n, ws_s);
   cp_async_wait_pending(NB);  // this thread's conv inputs and columns landed
   __syncthreads();
-  if (cm > 0) {
-    conv_cm_transpose<NT>(scratch, win, G8, Lc, first, tid, [](int) { return true; });
-    __syncthreads();  // the old columns' window rows
-  }
 
   for (int item = tid; item < G8 * 4 * T; item += NT) {
     const int sub = item & 3, g = (item >> 2) % G8, t = item / (4 * G8);
     switch (W) {
       case 2:
-        group_conv_item<S, K, 2>(f, lay, base, g, sub, t, gV);
+        group_conv_item<S, K, 2>(f, lay, base, g, sub, t, gV, cm);
         break;
       case 3:
-        group_conv_item<S, K, 3>(f, lay, base, g, sub, t, gV);
+        group_conv_item<S, K, 3>(f, lay, base, g, sub, t, gV, cm);
         break;
       default:
-        group_conv_item<S, K, 4>(f, lay, base, g, sub, t, gV);
+        group_conv_item<S, K, 4>(f, lay, base, g, sub, t, gV, cm);
         break;
     }
   }
@@ -271,8 +270,12 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   }
   // The conv state after each stored token (and conv_inter). The block alone reads these
   // channels, and it has read them.
-  for (int g = tid; g < G8; g += NT)
-    conv_vec_store_group(f, win, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
+  if (cm > 0) {
+    conv_cm_store<NT>(f, win, scratch, G8, first, n, T, ws_s, tid, [&](int g) { return group_channel(p, h, g * 8); });
+  } else {
+    for (int g = tid; g < G8; g += NT)
+      conv_vec_store_group(f, win, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
+  }
 
   // The stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
   for (int s = 0; s < NS; ++s) {
