@@ -57,6 +57,11 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"decode", "fused", "all"}));
   cmd->add_option("--fused-norm", opt->fused_norm, "the fused rows' gated RMSNorm (true | false)")
       ->capture_default_str();
+  cmd->add_option("--conv-layout", opt->conv_layout,
+                  "vllm | channel-major: the fused rows' conv pool as vLLM's [P, L, D] memory, or [P, D, L] "
+                  "with each channel's columns contiguous (SGLang's; FLA's and transformers' kind)")
+      ->check(CLI::IsMember({"vllm", "channel-major"}))
+      ->capture_default_str();
   cmd->add_option("--rounding", opt->rounding,
                   "nearest | stochastic | all: 16-bit state stores round to nearest even, or "
                   "stochastically (StepArgs::rounding_seed); fp32 rows are always nearest")

@@ -305,7 +305,9 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
       static_cast<gdn::StepArgs&>(f) = static_cast<const gdn::StepArgs&>(args);
       void* cs = arena.take(P * conv_elems * 2);
       fill<__nv_bfloat16>(cs, P * conv_elems, 1.732f, seed + 300 + i, s);
-      f.conv_state = gdn::make_view(cs, gdn::kBFloat16, dl, {P, D, kConvL}, {D * kConvL, 1, D});
+      f.conv_state = opt.conv_layout == "channel-major"
+                         ? gdn::make_view(cs, gdn::kBFloat16, dl, {P, D, kConvL}, {D * kConvL, kConvL, 1})
+                         : gdn::make_view(cs, gdn::kBFloat16, dl, {P, D, kConvL}, {D * kConvL, 1, D});
       su.fsets.push_back(f);
     }
   }
@@ -618,7 +620,10 @@ int bench_main(const Options& opt) {
                       {"us", r.us},
                       {"TBs", r.tbs},
                       {"floor_us", r.floor_us}});
-      if (c.fused) rows.back()["norm"] = opt.fused_norm;
+      if (c.fused) {
+        rows.back()["norm"] = opt.fused_norm;
+        rows.back()["conv_layout"] = opt.conv_layout;
+      }
       if (r.copy_us >= 0) rows.back()["copy_us"] = r.copy_us;
     }
     j["rows"] = rows;

@@ -13,7 +13,8 @@
 namespace gdn::tools {
 
 // The fused rows' conv in both benches, as the models have it: W = 4 taps, a bf16 conv pool of
-// L = W - 1 columns in vLLM's [P, L, D] memory (a transposed view).
+// L = W - 1 columns, in vLLM's [P, L, D] memory (a transposed view) or channel-major [P, D, L]
+// (SGLang's; FLA and transformers keep L = W) by --conv-layout.
 constexpr int64_t kConvW = 4;
 constexpr int64_t kConvL = kConvW - 1;
 
@@ -22,6 +23,7 @@ struct BenchOptions {
   std::string device = "auto";
   std::string op = "decode";   // decode | fused | all (gdn::fused_decode rows)
   bool fused_norm = true;      // the fused rows' gated RMSNorm
+  std::string conv_layout = "vllm";  // vllm | channel-major: the fused rows' conv pool
   std::string rounding = "nearest";  // nearest | stochastic | all (16-bit state stores)
   std::string model = "all", state = "all", mode, layout = "default";
   std::string cache, update;  // default: all (CUDA); off and on (CPU)

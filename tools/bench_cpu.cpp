@@ -331,7 +331,9 @@ Setup make_setup(const Config& c, const BenchOptions& opt, size_t llc, uint64_t 
       static_cast<StepArgs&>(f) = static_cast<const StepArgs&>(args);
       char* cs = take(P * D * kConvL * 2);
       fill(cs, kBFloat16, P * D * kConvL, 1.732f, seed + 300 + i);
-      f.conv_state = make_view(cs, kBFloat16, cpu, {P, D, kConvL}, {D * kConvL, 1, D});
+      f.conv_state = opt.conv_layout == "channel-major"
+                         ? make_view(cs, kBFloat16, cpu, {P, D, kConvL}, {D * kConvL, kConvL, 1})
+                         : make_view(cs, kBFloat16, cpu, {P, D, kConvL}, {D * kConvL, 1, D});
       su.fsets.push_back(f);
     }
   }
@@ -503,7 +505,10 @@ int cpu_bench_main(const BenchOptions& opt) {
                       {"pct_copy", 100.0 * r.gbs / copy0},
                       {"floor_us", r.floor_us},
                       {"busy", r.busy}});
-      if (c.fused) rows.back()["norm"] = opt.fused_norm;
+      if (c.fused) {
+        rows.back()["norm"] = opt.fused_norm;
+        rows.back()["conv_layout"] = opt.conv_layout;
+      }
     }
     j["rows"] = rows;
     std::ofstream f(opt.json);
