@@ -394,7 +394,7 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
 // The channel-major variant (s.cm = L; FLA's, transformers' and SGLang's conv state [P, D, L],
 // each channel's L columns contiguous and the channels packed): a group's conv state is then 8L
 // contiguous elements, L 16-byte pieces, which land raw in a scratch [G][L] after the bias. The
-// conv items read the old columns from there as element pairs (conv_cm_entry) and the new inputs
+// conv items read the old columns from there as element pairs (ConvPairEntry) and the new inputs
 // from the window rows; the stores build each piece of 8 (channel, column) elements from both
 // (conv_cm_piece). Nothing is transposed in between: at B = 1 the block's prologue is a chain,
 // and a transpose with its barrier lay on it.
@@ -465,7 +465,7 @@ __device__ __forceinline__ void unpack2(uint32_t w, DType dt, float* out) {
 
 // The conv and SiLU of one channel pair of a 16-byte path's raw windows, once the inputs landed:
 // `taps` the pair's 2 * kW taps (kW words), `bias` its bias word (null: none), `entry(k)` the
-// pair's word of window entry L - (W - 1) + t + k (conv_pair_entry). Shared by the cluster form
+// pair's word of window entry L - (W - 1) + t + k (ConvPairEntry). Shared by the cluster form
 // and the group kernel (fused_group.cuh).
 template <int kW, class Entry>
 __device__ __forceinline__ float2 conv_vec_pair(const uint32_t* taps, const uint32_t* bias, Entry entry, DType dt) {
