@@ -783,22 +783,19 @@ struct LaunchPlan {
 
 namespace gdn::detail::cuda {
 
-// Launches a decode kernel (signature (Problem, Geometry)) with the plan's geometry and,
-// when enabled, the programmatic-stream-serialization attribute (captured into CUDA graphs
-// as a programmatic edge).
-// Param: Problem, or FusedProblem for the fused step, whose launches also carry the
-// thread-block cluster dimension.
-template <typename Kernel, typename Param>
-cudaError_t launch_kernel(Kernel kernel, const Param& p, const LaunchPlan& lp,
-                          cudaStream_t stream) {
+// The launch configuration of a plan: `grid` blocks of lp.threads threads with lp.smem bytes of
+// dynamic shared memory each, the thread-block cluster dimension where lp.cluster > 1 and, with
+// `pdl`, the programmatic-stream-serialization attribute. `attr` holds the attributes cfg points
+// to. Shared by the launch and the occupancy query, which must describe the same kernel launch.
+inline cudaLaunchConfig_t launch_config(const LaunchPlan& lp, int64_t grid, bool pdl, cudaStream_t stream,
+                                        cudaLaunchAttribute (&attr)[2]) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(lp.blocks));
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(static_cast<unsigned>(lp.threads));
   cfg.dynamicSmemBytes = lp.smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
   unsigned na = 0;
-  if (lp.pdl) {
+  if (pdl) {
     attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[na].val.programmaticStreamSerializationAllowed = 1;
     ++na;
@@ -812,6 +809,19 @@ cudaError_t launch_kernel(Kernel kernel, const Param& p, const LaunchPlan& lp,
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
+  return cfg;
+}
+
+// Launches a decode kernel (signature (Problem, Geometry)) with the plan's geometry and,
+// when enabled, the programmatic-stream-serialization attribute (captured into CUDA graphs
+// as a programmatic edge).
+// Param: Problem, or FusedProblem for the fused step, whose launches also carry the
+// thread-block cluster dimension.
+template <typename Kernel, typename Param>
+cudaError_t launch_kernel(Kernel kernel, const Param& p, const LaunchPlan& lp,
+                          cudaStream_t stream) {
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = launch_config(lp, lp.blocks, lp.pdl, stream, attr);
   return cudaLaunchKernelEx(&cfg, kernel, p, lp.geo);
 }
 
@@ -828,35 +838,31 @@ cudaError_t allow_big_cluster() {
   return err;
 }
 
-// Tile kernels stage the state in more than 48 KB of dynamic shared memory: opt in (once per
-// kernel and device), then launch.
+// The opt-ins a tile kernel's plan needs, once per kernel and device: more than 48 KB of
+// dynamic shared memory (the tile kernels stage the state there), and clusters of more than 8
+// blocks.
+template <auto kKernel>
+cudaError_t allow_tile_plan(const LaunchPlan& lp) {
+  const cudaError_t err = allow_big_smem<kKernel>();
+  return err == cudaSuccess && lp.cluster > 8 ? allow_big_cluster<kKernel>() : err;
+}
+
 template <auto kKernel, typename Param>
 cudaError_t launch_tile_kernel(const Param& p, const LaunchPlan& lp, cudaStream_t stream) {
-  cudaError_t err = allow_big_smem<kKernel>();
-  if (err == cudaSuccess && lp.cluster > 8) err = allow_big_cluster<kKernel>();
+  const cudaError_t err = allow_tile_plan<kKernel>(lp);
   return err != cudaSuccess ? err : launch_kernel(kKernel, p, lp, stream);
 }
 
-// How many clusters of lp.cluster blocks of kKernel (lp.threads threads, lp.smem bytes of dynamic
-// shared memory each) the device runs at once: cudaOccupancyMaxActiveClusters, after the same
-// opt-ins as the launch (they change the answer). A host query, no device work; the planner
-// caches it (decode_cuda.cu, fused_cluster_capacity).
+// How many clusters of lp.cluster blocks of kKernel (as the launch configures them) the device
+// runs at once: cudaOccupancyMaxActiveClusters, after the same opt-ins as the launch (they
+// change the answer). A host query, no device work; the planner caches it (decode_cuda.cu,
+// fused_cluster_capacity), and asks only for plans of clusters (lp.cluster > 1).
 template <auto kKernel>
 cudaError_t max_active_clusters(const LaunchPlan& lp, int* clusters) {
-  cudaError_t err = allow_big_smem<kKernel>();
-  if (err == cudaSuccess && lp.cluster > 8) err = allow_big_cluster<kKernel>();
+  const cudaError_t err = allow_tile_plan<kKernel>(lp);
   if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(lp.cluster));
-  cfg.blockDim = dim3(static_cast<unsigned>(lp.threads));
-  cfg.dynamicSmemBytes = lp.smem;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(lp.cluster);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = launch_config(lp, lp.cluster, false, nullptr, attr);
   return cudaOccupancyMaxActiveClusters(clusters, kKernel, &cfg);
 }
 

@@ -748,7 +748,7 @@ template <typename S>
 void widen_fused_tiles(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
   if (p.layout_kv || p.T == 1 || vk_tile_rows_override() > 0) return;
-  while (lp.geo.tile_rows < p.V && lp.cluster > 0) {
+  while (lp.geo.tile_rows < p.V && lp.cluster > 1) {
     const int64_t cap = fused_cluster_capacity<S>(f, lp);
     const int64_t clusters = lp.blocks / lp.cluster;
     if (cap <= 0 || clusters <= cap || clusters > 2 * cap) return;
