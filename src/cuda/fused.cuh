@@ -397,7 +397,9 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
 // conv items read the old columns from there as element pairs (ConvPairEntry) and the new inputs
 // from the window rows; the stores build each piece of 8 (channel, column) elements from both
 // (conv_cm_piece). Nothing is transposed in between: at B = 1 the block's prologue is a chain,
-// and a transpose with its barrier lay on it.
+// and a transpose with its barrier lay on it. The group kernel, whose prologue overlaps its
+// first state stages, transposes (conv_cm_transpose): reading the scratch there cost it 3-6% at
+// B >= 16 (docs/design.md).
 // ---------------------------------------------------------------------------------------
 // Issues the block's conv inputs by cp.async (in the caller's groups), in two parts: what does
 // not depend on the row's slot (the new inputs, taps and bias) before the slot is known, the
@@ -437,6 +439,31 @@ __device__ __forceinline__ void conv_vec_issue_columns(const FusedProblem& f, ui
   }
 }
 
+// Channel-major: where the raw columns' scratch [G][L] begins in the 16-byte path's window area
+// (rows [wl][G], taps [G][W], bias [G], then the scratch; host: fused_share, FusedGroupSmem).
+template <class P>
+__device__ __forceinline__ P* conv_cm_scratch(P* win, int G, int wl, int W) {
+  return win + G * (wl + W + 1);
+}
+
+// Channel-major, group kernel: the landed raw columns (group g's 8L elements in `scratch`, channel
+// i's column c at element i * L + c) into window rows 0..lc-1 (entries first..L-1), a row piece
+// per item, all threads from `tid0`, so that its conv items read whole window rows. (The cluster
+// form reads the scratch directly instead, ConvPairEntry: measured, docs/design.md.) The caller
+// syncs before (the pieces landed) and after.
+template <int NT>
+__device__ __forceinline__ void conv_cm_transpose(const uint4* scratch, uint4* win, int G, int L, int first, int tid0) {
+  const int lc = L - first;
+  for (int item = tid0; item < G * lc; item += NT) {
+    const int g = item % G, j = item / G;
+    const uint16_t* const src = reinterpret_cast<const uint16_t*>(scratch + g * L) + first + j;
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = uint32_t{src[2 * i * L]} | uint32_t{src[(2 * i + 1) * L]} << 16;
+    win[j * G + g] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 template <int NT>
 __device__ __forceinline__ void fused_conv_vec_issue_state(const FusedProblem& f, const FusedShare& s,
                                                            const FusedSmem& fs, int64_t hv, int64_t c0,
@@ -444,7 +471,7 @@ __device__ __forceinline__ void fused_conv_vec_issue_state(const FusedProblem& f
   const Problem& p = f.step;
   const int G = s.own / 8;
   uint4* const win = reinterpret_cast<uint4*>(fs.win);
-  uint4* const scratch = win + G * (s.wl + static_cast<int>(f.W) + 1);
+  uint4* const scratch = conv_cm_scratch(win, G, s.wl, static_cast<int>(f.W));
   for (int g = rotated_tid<NT>(2); g < G; g += NT) {  // beside warp 0's gates and warp 3's write slots
     const int64_t d = fused_channel(p, s, g * 8, hv, c0);
     if (d >= 0) conv_vec_issue_columns(f, win, scratch, s.cm, G, g, d, slot, s.first);
@@ -570,8 +597,8 @@ __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const
   const uint32_t* const bias =
       f.conv_bias.data != nullptr ? win + s.wl * G * 4 + G * kW * 4 + g * 4 + sub : nullptr;
   const uint4* const rows = reinterpret_cast<const uint4*>(fs.win);
-  const ConvPairEntry entry(rows, rows + G * (s.wl + kW + 1), G, g, sub, static_cast<int>(f.L) - (kW - 1) + t,
-                            s.first, s.cm);
+  const ConvPairEntry entry(rows, conv_cm_scratch(rows, G, s.wl, kW), G, g, sub,
+                            static_cast<int>(f.L) - (kW - 1) + t, s.first, s.cm);
   const float2 y = conv_vec_pair<kW>(taps, bias, entry, f.x.dtype);
   const int c = g * 8 + 2 * sub;
   const int qc = static_cast<int>(s.rank) * s.S + c;
@@ -583,14 +610,29 @@ __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const
 // The conv state after each stored token (and conv_inter) of one group of 8 channels starting at
 // conv channel d: 16-byte copies of its window rows (`win`: rows of G groups; column j after token
 // t is window entry t + 1 + j, row t + 1 + j - first; the conv state and mixed_qkv share the
-// dtype). `ws`: each token's conv write slot (< 0: none). Shared with the group kernel.
-__device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, const uint4* win, int G, int g, int64_t d,
-                                                     int64_t n, int first, int T, const int64_t* ws) {
+// dtype), or channel-major (cm = L; conv_inter too, host: fused_conv_path) L pieces of 8
+// (channel, column) elements (conv_cm_piece, the old columns from `scratch`). `ws`: each token's
+// conv write slot (< 0: none). Shared with the group kernel; the cluster form's channel-major
+// stores are conv_cm_store's, after its slice push.
+__device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, const uint4* win, const uint4* scratch,
+                                                     int cm, int G, int g, int64_t d, int64_t n, int first, int T,
+                                                     const int64_t* ws) {
   const int L = static_cast<int>(f.L);
   const bool inter = f.conv_inter.data != nullptr;
   for (int t = 0; t < T; ++t) {
     const int64_t wslot = ws[t];
     if (wslot < 0 && !inter) continue;
+    if (cm > 0) {
+      char* const cs = static_cast<char*>(f.conv_state.data) + (wslot * f.conv_state.s[0] + d * L) * 2;
+      char* const ci =
+          static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * L) * 2;
+      for (int v = 0; v < L; ++v) {
+        const Packed<__half> pv{conv_cm_piece(win, scratch, G, g, L, first, t, v)};
+        if (wslot >= 0) store_state_vec<__half, true>(reinterpret_cast<__half*>(cs + v * 16), pv);
+        if (inter) store_state_vec<__half, true>(reinterpret_cast<__half*>(ci + v * 16), pv);
+      }
+      continue;
+    }
     char* const cs = static_cast<char*>(f.conv_state.data) + (wslot * f.conv_state.s[0] + d) * 2;
     char* const ci = static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d) * 2;
     for (int j = 0; j < L; ++j) {
@@ -609,7 +651,8 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
   const int G = s.own / 8;
   for (int g = rotated_tid<NT>(NT / 32 - 1); g < G; g += NT) {
     const int64_t d = fused_channel(p, s, g * 8, hv, c0);
-    if (d >= 0) conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), G, g, d, n, s.first, T, fs.ws);
+    if (d >= 0)
+      conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), nullptr, 0, G, g, d, n, s.first, T, fs.ws);
   }
 }
 
@@ -645,8 +688,8 @@ __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const Fuse
   fused_push_slice<NT>(p, s, sm, T);
   if (s.cm > 0) {
     const uint4* const win = reinterpret_cast<const uint4*>(fs.win);
-    conv_cm_store<NT>(f, win, win + G * (s.wl + static_cast<int>(f.W) + 1), G, s.first, n, T, fs.ws, threadIdx.x,
-                      [&](int g) { return fused_channel(p, s, g * 8, hv, c0); });
+    conv_cm_store<NT>(f, win, conv_cm_scratch(win, G, s.wl, static_cast<int>(f.W)), G, s.first, n, T, fs.ws,
+                      threadIdx.x, [&](int g) { return fused_channel(p, s, g * 8, hv, c0); });
   }
 }
 

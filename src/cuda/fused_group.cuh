@@ -93,15 +93,16 @@ __device__ __forceinline__ int64_t group_channel(const Problem& p, int64_t h, in
 // q and k at their Pos positions, v in order.
 template <typename S, int K, int kW>
 __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const FusedGroupSmem& lay, char* base, int g,
-                                                int sub, int t, int gV, int cm) {
+                                                int sub, int t, int gV) {
   const int G8 = lay.G8;
   const uint32_t* const win = reinterpret_cast<const uint32_t*>(base + lay.win);  // word (row * G8 + g) * 4 + sub
   const uint32_t* const taps = win + lay.wl * G8 * 4 + g * kW * 4 + sub * kW;
   const uint32_t* const bias =
       f.conv_bias.data != nullptr ? win + lay.wl * G8 * 4 + G8 * kW * 4 + g * 4 + sub : nullptr;
   const uint4* const rows = reinterpret_cast<const uint4*>(base + lay.win);
-  const ConvPairEntry entry(rows, rows + G8 * (lay.wl + kW + 1), G8, g, sub, static_cast<int>(f.L) - (kW - 1) + t,
-                            conv_first_col(static_cast<int>(f.L), kW), cm);
+  // Channel-major columns were transposed into the window rows (conv_cm_transpose): no scratch.
+  const ConvPairEntry entry(rows, rows, G8, g, sub, static_cast<int>(f.L) - (kW - 1) + t,
+                            conv_first_col(static_cast<int>(f.L), kW), 0);
   const float2 y = conv_vec_pair<kW>(taps, bias, entry, f.x.dtype);
   const int c = g * 8 + 2 * sub;
   using Pos = typename VkShape<S, K, 1>::Pos;
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   }
   // The read slot's conv columns, then the first NB state stages (empty groups past the last
   // stage keep one group per stage, so the waits below count the same everywhere).
-  uint4* const scratch = win + G8 * (lay.wl + W + 1);
+  uint4* const scratch = conv_cm_scratch(win, G8, lay.wl, W);
   for (int g = tid; g < G8; g += NT)
     conv_vec_issue_columns(f, win, scratch, cm, G8, g, group_channel(p, h, g * 8), slots.read, first);
   cp_async_commit();
@@ -233,18 +234,22 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   if (warp == 0) warp_store_write_slots(p, slots, n, ws_s);
   cp_async_wait_pending(NB);  // this thread's conv inputs and columns landed
   __syncthreads();
+  if (cm > 0) {
+    conv_cm_transpose<NT>(scratch, win, G8, Lc, first, tid);
+    __syncthreads();  // the old columns' window rows
+  }
 
   for (int item = tid; item < G8 * 4 * T; item += NT) {
     const int sub = item & 3, g = (item >> 2) % G8, t = item / (4 * G8);
     switch (W) {
       case 2:
-        group_conv_item<S, K, 2>(f, lay, base, g, sub, t, gV, cm);
+        group_conv_item<S, K, 2>(f, lay, base, g, sub, t, gV);
         break;
       case 3:
-        group_conv_item<S, K, 3>(f, lay, base, g, sub, t, gV, cm);
+        group_conv_item<S, K, 3>(f, lay, base, g, sub, t, gV);
         break;
       default:
-        group_conv_item<S, K, 4>(f, lay, base, g, sub, t, gV, cm);
+        group_conv_item<S, K, 4>(f, lay, base, g, sub, t, gV);
         break;
     }
   }
@@ -270,12 +275,8 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   }
   // The conv state after each stored token (and conv_inter). The block alone reads these
   // channels, and it has read them.
-  if (cm > 0) {
-    conv_cm_store<NT>(f, win, scratch, G8, first, n, T, ws_s, tid, [&](int g) { return group_channel(p, h, g * 8); });
-  } else {
-    for (int g = tid; g < G8; g += NT)
-      conv_vec_store_group(f, win, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
-  }
+  for (int g = tid; g < G8; g += NT)
+    conv_vec_store_group(f, win, scratch, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
 
   // The stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
   for (int s = 0; s < NS; ++s) {
