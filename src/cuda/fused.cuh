@@ -392,10 +392,14 @@ __device__ __forceinline__ void fused_conv(const FusedProblem& f, const FusedSha
 // copies of window rows. Layout of fs.win
 // with G = own / 8 groups: rows [wl][G] of raw windows, then taps [G][W], then bias [G].
 // The channel-major variant (s.cm = L; FLA's, transformers' and SGLang's conv state [P, D, L],
-// each channel's L columns contiguous and the channels packed): a group's conv state is then
-// 8L contiguous elements, L 16-byte pieces, which land raw in a scratch [G][L] after the bias
-// and are transposed into the window rows (conv_cm_transpose); the stores gather each piece of
-// 8 (channel, column) elements from the window rows. Everything else is shared.
+// each channel's L columns contiguous and the channels packed): a group's conv state is then 8L
+// contiguous elements, L 16-byte pieces, which land raw in a scratch [G][L] after the bias. The
+// conv items read the old columns from there as element pairs (ConvPairEntry) and the new inputs
+// from the window rows; the stores build each piece of 8 (channel, column) elements from both
+// (conv_cm_piece). Nothing is transposed in between: at B = 1 the block's prologue is a chain,
+// and a transpose with its barrier lay on it. The group kernel, whose prologue overlaps its
+// first state stages, transposes (conv_cm_transpose): reading the scratch there cost it 3-6% at
+// B >= 16 (docs/design.md).
 // ---------------------------------------------------------------------------------------
 // Issues the block's conv inputs by cp.async (in the caller's groups), in two parts: what does
 // not depend on the row's slot (the new inputs, taps and bias) before the slot is known, the
@@ -435,17 +439,23 @@ __device__ __forceinline__ void conv_vec_issue_columns(const FusedProblem& f, ui
   }
 }
 
-// Channel-major: the landed raw columns (group g's 8L elements in `scratch`, channel i's column
-// c at element i * L + c) into window rows 0..lc-1 (entries first..L-1), a row piece per item,
-// all threads from `tid0`. `valid(g)`: the group has channels. The caller syncs before (the
-// pieces landed) and after.
-template <int NT, class Valid>
-__device__ __forceinline__ void conv_cm_transpose(const uint4* scratch, uint4* win, int G, int L, int first,
-                                                  int tid0, Valid valid) {
+// Channel-major: where the raw columns' scratch [G][L] begins in the 16-byte path's window area
+// (rows [wl][G], taps [G][W], bias [G], then the scratch; host: fused_share, FusedGroupSmem).
+template <class P>
+__device__ __forceinline__ P* conv_cm_scratch(P* win, int G, int wl, int W) {
+  return win + G * (wl + W + 1);
+}
+
+// Channel-major, group kernel: the landed raw columns (group g's 8L elements in `scratch`, channel
+// i's column c at element i * L + c) into window rows 0..lc-1 (entries first..L-1), a row piece
+// per item, all threads from `tid0`, so that its conv items read whole window rows. (The cluster
+// form reads the scratch directly instead, ConvPairEntry: measured, docs/design.md.) The caller
+// syncs before (the pieces landed) and after.
+template <int NT>
+__device__ __forceinline__ void conv_cm_transpose(const uint4* scratch, uint4* win, int G, int L, int first, int tid0) {
   const int lc = L - first;
   for (int item = tid0; item < G * lc; item += NT) {
     const int g = item % G, j = item / G;
-    if (!valid(g)) continue;
     const uint16_t* const src = reinterpret_cast<const uint16_t*>(scratch + g * L) + first + j;
     uint32_t w[4];
 #pragma unroll
@@ -461,7 +471,7 @@ __device__ __forceinline__ void fused_conv_vec_issue_state(const FusedProblem& f
   const Problem& p = f.step;
   const int G = s.own / 8;
   uint4* const win = reinterpret_cast<uint4*>(fs.win);
-  uint4* const scratch = win + G * (s.wl + static_cast<int>(f.W) + 1);
+  uint4* const scratch = conv_cm_scratch(win, G, s.wl, static_cast<int>(f.W));
   for (int g = rotated_tid<NT>(2); g < G; g += NT) {  // beside warp 0's gates and warp 3's write slots
     const int64_t d = fused_channel(p, s, g * 8, hv, c0);
     if (d >= 0) conv_vec_issue_columns(f, win, scratch, s.cm, G, g, d, slot, s.first);
@@ -481,12 +491,11 @@ __device__ __forceinline__ void unpack2(uint32_t w, DType dt, float* out) {
 }
 
 // The conv and SiLU of one channel pair of a 16-byte path's raw windows, once the inputs landed:
-// `taps` the pair's 2 * kW taps (kW words), `bias` its bias word (null: none), `x` the pair's word
-// in the window row of entry L - (W - 1) + t, `row_words` the words per window row. Shared by
-// the cluster form and the group kernel (fused_group.cuh).
-template <int kW>
-__device__ __forceinline__ float2 conv_vec_pair(const uint32_t* taps, const uint32_t* bias, const uint32_t* x,
-                                                int row_words, DType dt) {
+// `taps` the pair's 2 * kW taps (kW words), `bias` its bias word (null: none), `entry(k)` the
+// pair's word of window entry L - (W - 1) + t + k (ConvPairEntry). Shared by the cluster form
+// and the group kernel (fused_group.cuh).
+template <int kW, class Entry>
+__device__ __forceinline__ float2 conv_vec_pair(const uint32_t* taps, const uint32_t* bias, Entry entry, DType dt) {
   float tw[2 * kW];  // tap k of channel i at [i * kW + k]
 #pragma unroll
   for (int k = 0; k < kW; ++k) unpack2(taps[k], dt, tw + 2 * k);
@@ -495,11 +504,82 @@ __device__ __forceinline__ float2 conv_vec_pair(const uint32_t* taps, const uint
 #pragma unroll
   for (int k = 0; k < kW; ++k) {
     float xv[2];
-    unpack2(x[k * row_words], dt, xv);
+    unpack2(entry(k), dt, xv);
 #pragma unroll
     for (int i = 0; i < 2; ++i) acc[i] = fmaf(tw[i * kW + k], xv[i], acc[i]);
   }
   return make_float2(silu_fast(acc[0]), silu_fast(acc[1]));
+}
+
+// The word of channels 2 * sub, +1 of group g at window entry e0 + k, for conv_vec_pair: `win`
+// the raw window rows [wl][G] (entry e at row e - first), `scratch` the channel-major raw
+// columns [G][L] (cm = L: entries < L come from there; else 0).
+struct ConvPairEntry {
+  const uint32_t* win;
+  const uint16_t* old;  // channel 2 * sub's L columns in the scratch (cm only)
+  int row_words, e0, first, cm;
+  __device__ __forceinline__ ConvPairEntry(const uint4* w, const uint4* scratch, int G, int g, int sub, int e0_,
+                                           int first_, int cm_)
+      : win(reinterpret_cast<const uint32_t*>(w) + g * 4 + sub),
+        old(reinterpret_cast<const uint16_t*>(scratch + g * cm_) + 2 * sub * cm_),
+        row_words(G * 4), e0(e0_), first(first_), cm(cm_) {}
+  __device__ __forceinline__ uint32_t operator()(int k) const {
+    const int e = e0 + k;
+    if (e < cm) return uint32_t{old[e]} | uint32_t{old[cm + e]} << 16;
+    return win[(e - first) * row_words];
+  }
+};
+
+// Channel-major: piece v of group g's conv state after token t (elements 8v..8v+7 of its 8L:
+// channel i = e / L, column j = e % L, window entry t + 1 + j), from the scratch's old columns
+// (entries < L) and the window rows.
+__device__ __forceinline__ uint4 conv_cm_piece(const uint4* win, const uint4* scratch, int G, int g, int L, int first,
+                                               int t, int v) {
+  const uint16_t* const old = reinterpret_cast<const uint16_t*>(scratch + g * L);
+  const uint16_t* const rows = reinterpret_cast<const uint16_t*>(win + g);  // channel i of row r: [r * G * 8 + i]
+  int i = 8 * v / L, j = 8 * v - i * L;
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int en = t + 1 + j;
+    const uint32_t h = en < L ? old[i * L + en] : rows[(en - first) * G * 8 + i];
+    w[e / 2] = e % 2 == 0 ? h : w[e / 2] | h << 16;
+    if (++j == L) {
+      j = 0;
+      ++i;
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Channel-major: the conv state after each stored token (and conv_inter, channel-major too) as
+// items (t, g, v) of one 16-byte piece over all threads from tid0; `channel(g)`: group g's first
+// conv channel (< 0: none). `ws`: each token's conv write slot (< 0: none). Shared with the group
+// kernel.
+template <int NT, class Channel>
+__device__ __forceinline__ void conv_cm_store(const FusedProblem& f, const uint4* win, const uint4* scratch, int G,
+                                              int first, int64_t n, int T, const int64_t* ws, int tid0,
+                                              Channel channel) {
+  const int L = static_cast<int>(f.L);
+  const bool inter = f.conv_inter.data != nullptr;
+  for (int item = tid0; item < T * G * L; item += NT) {
+    const int v = item % L, g = item / L % G, t = item / (L * G);
+    const int64_t wslot = ws[t];
+    if (wslot < 0 && !inter) continue;
+    const int64_t d = channel(g);
+    if (d < 0) continue;
+    const Packed<__half> pv{conv_cm_piece(win, scratch, G, g, L, first, t, v)};
+    if (wslot >= 0)
+      store_state_vec<__half, true>(
+          reinterpret_cast<__half*>(static_cast<char*>(f.conv_state.data) +
+                                    (wslot * f.conv_state.s[0] + d * L) * 2 + v * 16),
+          pv);
+    if (inter)
+      store_state_vec<__half, true>(
+          reinterpret_cast<__half*>(static_cast<char*>(f.conv_inter.data) +
+                                    (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * L) * 2 + v * 16),
+          pv);
+  }
 }
 
 // The conv and SiLU of channels 2 * sub, +1 of group g (8 channels) at token t, into the raw
@@ -516,8 +596,10 @@ __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const
   const uint32_t* const taps = win + s.wl * G * 4 + g * kW * 4 + sub * kW;
   const uint32_t* const bias =
       f.conv_bias.data != nullptr ? win + s.wl * G * 4 + G * kW * 4 + g * 4 + sub : nullptr;
-  const int row0 = static_cast<int>(f.L) - (kW - 1) - s.first + t;
-  const float2 y = conv_vec_pair<kW>(taps, bias, win + (row0 * G + g) * 4 + sub, G * 4, f.x.dtype);
+  const uint4* const rows = reinterpret_cast<const uint4*>(fs.win);
+  const ConvPairEntry entry(rows, conv_cm_scratch(rows, G, s.wl, kW), G, g, sub,
+                            static_cast<int>(f.L) - (kW - 1) + t, s.first, s.cm);
+  const float2 y = conv_vec_pair<kW>(taps, bias, entry, f.x.dtype);
   const int c = g * 8 + 2 * sub;
   const int qc = static_cast<int>(s.rank) * s.S + c;
   float* const raw = reinterpret_cast<float*>(sm.raw);
@@ -529,10 +611,12 @@ __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const
 // conv channel d: 16-byte copies of its window rows (`win`: rows of G groups; column j after token
 // t is window entry t + 1 + j, row t + 1 + j - first; the conv state and mixed_qkv share the
 // dtype), or channel-major (cm = L; conv_inter too, host: fused_conv_path) L pieces of 8
-// (channel, column) elements gathered from them. `ws`: each token's conv write slot (< 0: none).
-// Shared with the group kernel.
-__device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, const uint4* win, int cm, int G, int g,
-                                                     int64_t d, int64_t n, int first, int T, const int64_t* ws) {
+// (channel, column) elements (conv_cm_piece, the old columns from `scratch`). `ws`: each token's
+// conv write slot (< 0: none). Shared with the group kernel; the cluster form's channel-major
+// stores are conv_cm_store's, after its slice push.
+__device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, const uint4* win, const uint4* scratch,
+                                                     int cm, int G, int g, int64_t d, int64_t n, int first, int T,
+                                                     const int64_t* ws) {
   const int L = static_cast<int>(f.L);
   const bool inter = f.conv_inter.data != nullptr;
   for (int t = 0; t < T; ++t) {
@@ -542,21 +626,8 @@ __device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, cons
       char* const cs = static_cast<char*>(f.conv_state.data) + (wslot * f.conv_state.s[0] + d * L) * 2;
       char* const ci =
           static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * L) * 2;
-      // Element e of the group's 8L is channel e / L, column e % L: window row t + 1 + e % L - first.
-      const uint16_t* const rows = reinterpret_cast<const uint16_t*>(win) + (t + 1 - first) * G * 8 + g * 8;
-      int i = 0, j = 0;
       for (int v = 0; v < L; ++v) {
-        uint32_t w[4];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const uint32_t h = rows[j * G * 8 + i];
-          w[e / 2] = e % 2 == 0 ? h : w[e / 2] | h << 16;
-          if (++j == L) {
-            j = 0;
-            ++i;
-          }
-        }
-        const Packed<__half> pv{make_uint4(w[0], w[1], w[2], w[3])};
+        const Packed<__half> pv{conv_cm_piece(win, scratch, G, g, L, first, t, v)};
         if (wslot >= 0) store_state_vec<__half, true>(reinterpret_cast<__half*>(cs + v * 16), pv);
         if (inter) store_state_vec<__half, true>(reinterpret_cast<__half*>(ci + v * 16), pv);
       }
@@ -580,7 +651,8 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
   const int G = s.own / 8;
   for (int g = rotated_tid<NT>(NT / 32 - 1); g < G; g += NT) {
     const int64_t d = fused_channel(p, s, g * 8, hv, c0);
-    if (d >= 0) conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), s.cm, G, g, d, n, s.first, T, fs.ws);
+    if (d >= 0)
+      conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), nullptr, 0, G, g, d, n, s.first, T, fs.ws);
   }
 }
 
@@ -592,16 +664,10 @@ __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const Fuse
   const Problem& p = f.step;
   const int G = s.own / 8;
   __syncthreads();  // the windows and fs.ws
-  if (s.cm > 0) {
-    uint4* const win = reinterpret_cast<uint4*>(fs.win);
-    conv_cm_transpose<NT>(win + G * (s.wl + static_cast<int>(f.W) + 1), win, G, s.cm, s.first, threadIdx.x,
-                          [&](int g) { return fused_channel(p, s, g * 8, hv, c0) >= 0; });
-    __syncthreads();  // the old columns' window rows
-  }
   // The conv state after each token, as soon as the windows landed: the block alone reads and
   // writes these channels, and its read of them is over. So the stores are in flight during the
-  // token loop instead of following it.
-  fused_conv_vec_store<NT>(f, s, fs, n, hv, c0, T);
+  // token loop instead of following it. (Channel-major: after the conv items, below.)
+  if (s.cm == 0) fused_conv_vec_store<NT>(f, s, fs, n, hv, c0, T);
   fused_wait_started();  // the push below writes into the other blocks
   for (int item = threadIdx.x; item < G * 4 * T; item += NT) {
     const int sub = item % 4, g = item / 4 % G, t = item / (4 * G);
@@ -620,6 +686,11 @@ __device__ __forceinline__ void fused_conv_vec(const FusedProblem& f, const Fuse
   }
   __syncthreads();  // the slice's outputs are complete
   fused_push_slice<NT>(p, s, sm, T);
+  if (s.cm > 0) {
+    const uint4* const win = reinterpret_cast<const uint4*>(fs.win);
+    conv_cm_store<NT>(f, win, conv_cm_scratch(win, G, s.wl, static_cast<int>(f.W)), G, s.first, n, T, fs.ws,
+                      threadIdx.x, [&](int g) { return fused_channel(p, s, g * 8, hv, c0); });
+  }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@
 // current one computes. The conv itself runs while the first NB stages are in flight.
 //
 // The engines' layout only (host: plan_fused_group): VK state, K = 128, 16-byte state rows, the
-// conv's 16-byte path (mixed_qkv, conv state and taps of one 16-bit dtype, channels contiguous).
+// conv's 16-byte path (mixed_qkv, conv state and taps of one 16-bit dtype; the conv state
+// channels-contiguous or channel-major packed, fused_conv_path).
 // Other calls take the cluster form.
 #pragma once
 
@@ -98,8 +99,11 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Fus
   const uint32_t* const taps = win + lay.wl * G8 * 4 + g * kW * 4 + sub * kW;
   const uint32_t* const bias =
       f.conv_bias.data != nullptr ? win + lay.wl * G8 * 4 + G8 * kW * 4 + g * 4 + sub : nullptr;
-  const int row0 = static_cast<int>(f.L) - (kW - 1) - conv_first_col(static_cast<int>(f.L), kW) + t;
-  const float2 y = conv_vec_pair<kW>(taps, bias, win + (row0 * G8 + g) * 4 + sub, G8 * 4, f.x.dtype);
+  const uint4* const rows = reinterpret_cast<const uint4*>(base + lay.win);
+  // Channel-major columns were transposed into the window rows (conv_cm_transpose): no scratch.
+  const ConvPairEntry entry(rows, rows, G8, g, sub, static_cast<int>(f.L) - (kW - 1) + t,
+                            conv_first_col(static_cast<int>(f.L), kW), 0);
+  const float2 y = conv_vec_pair<kW>(taps, bias, entry, f.x.dtype);
   const int c = g * 8 + 2 * sub;
   using Pos = typename VkShape<S, K, 1>::Pos;
   float* dst;
@@ -201,7 +205,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   }
   // The read slot's conv columns, then the first NB state stages (empty groups past the last
   // stage keep one group per stage, so the waits below count the same everywhere).
-  uint4* const scratch = win + G8 * (lay.wl + W + 1);
+  uint4* const scratch = conv_cm_scratch(win, G8, lay.wl, W);
   for (int g = tid; g < G8; g += NT)
     conv_vec_issue_columns(f, win, scratch, cm, G8, g, group_channel(p, h, g * 8), slots.read, first);
   cp_async_commit();
@@ -231,7 +235,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   cp_async_wait_pending(NB);  // this thread's conv inputs and columns landed
   __syncthreads();
   if (cm > 0) {
-    conv_cm_transpose<NT>(scratch, win, G8, Lc, first, tid, [](int) { return true; });
+    conv_cm_transpose<NT>(scratch, win, G8, Lc, first, tid);
     __syncthreads();  // the old columns' window rows
   }
 
@@ -272,7 +276,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   // The conv state after each stored token (and conv_inter). The block alone reads these
   // channels, and it has read them.
   for (int g = tid; g < G8; g += NT)
-    conv_vec_store_group(f, win, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
+    conv_vec_store_group(f, win, scratch, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
 
   // The stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
   for (int s = 0; s < NS; ++s) {
