@@ -554,8 +554,8 @@ __device__ __forceinline__ uint4 conv_cm_piece(const uint4* win, const uint4* sc
 
 // Channel-major: the conv state after each stored token (and conv_inter, channel-major too) as
 // items (t, g, v) of one 16-byte piece over all threads from tid0; `channel(g)`: group g's first
-// conv channel (< 0: none). `ws`: each token's conv write slot (< 0: none). Shared with the group
-// kernel.
+// conv channel (< 0: none). `ws`: each token's conv write slot (< 0: none). The cluster form's,
+// after its slice push; the group kernel stores a group per thread (conv_vec_store_group).
 template <int NT, class Channel>
 __device__ __forceinline__ void conv_cm_store(const FusedProblem& f, const uint4* win, const uint4* scratch, int G,
                                               int first, int64_t n, int T, const int64_t* ws, int tid0,
