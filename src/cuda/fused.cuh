@@ -492,8 +492,8 @@ __device__ __forceinline__ void unpack2(uint32_t w, DType dt, float* out) {
 
 // The conv and SiLU of one channel pair of a 16-byte path's raw windows, once the inputs landed:
 // `taps` the pair's 2 * kW taps (kW words), `bias` its bias word (null: none), `entry(k)` the
-// pair's word of window entry L - (W - 1) + t + k (ConvPairEntry). Shared by the cluster form
-// and the group kernel (fused_group.cuh).
+// pair's word of window entry L - (W - 1) + t + k (ConvPairEntry; the group kernel's rows alone,
+// group_conv_item). Shared by the cluster form and the group kernel (fused_group.cuh).
 template <int kW, class Entry>
 __device__ __forceinline__ float2 conv_vec_pair(const uint32_t* taps, const uint32_t* bias, Entry entry, DType dt) {
   float tw[2 * kW];  // tap k of channel i at [i * kW + k]
