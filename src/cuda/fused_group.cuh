@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   // The conv state after each stored token (and conv_inter). The block alone reads these
   // channels, and it has read them.
   for (int g = tid; g < G8; g += NT)
-    conv_vec_store_group(f, win, scratch, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
+    conv_vec_store_group(f, win, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
 
   // The stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
   for (int s = 0; s < NS; ++s) {
