@@ -195,7 +195,8 @@ __device__ __forceinline__ int rotated_tid(int w) {
 // 16-bit windows, taps and bias, 8 channels per 16-byte vector (channel-major: and the raw
 // columns' scratch).
 __host__ __device__ constexpr int fused_win_floats(const FusedShare& s, int W) {
-  return round4(s.wl * s.own > s.own / 2 * (s.wl + W + 1 + s.cm) ? s.wl * s.own : s.own / 2 * (s.wl + W + 1 + s.cm));
+  const int f32 = s.wl * s.own, raw16 = s.own / 2 * (s.wl + W + 1 + s.cm);
+  return round4(f32 > raw16 ? f32 : raw16);
 }
 
 // Floats after the staging area, each region a multiple of 16 bytes, plus 4 of slack to align
@@ -552,6 +553,23 @@ __device__ __forceinline__ uint4 conv_cm_piece(const uint4* win, const uint4* sc
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// Channel-major: piece v (16 bytes) of conv channel d's group after token t, into the conv
+// state's write slot `wslot` (< 0: none) and into conv_inter (where given). The channels are
+// packed (host: fused_conv_cm_layout), so the group's 8L elements start at channel d * L.
+__device__ __forceinline__ void conv_cm_put(const FusedProblem& f, int64_t wslot, int64_t n, int t, int64_t d, int v,
+                                            uint4 piece) {
+  const Packed<__half> pv{piece};
+  if (wslot >= 0)
+    store_state_vec<__half, true>(reinterpret_cast<__half*>(static_cast<char*>(f.conv_state.data) +
+                                                            (wslot * f.conv_state.s[0] + d * f.L) * 2 + v * 16),
+                                  pv);
+  if (f.conv_inter.data != nullptr)
+    store_state_vec<__half, true>(
+        reinterpret_cast<__half*>(static_cast<char*>(f.conv_inter.data) +
+                                  (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * f.L) * 2 + v * 16),
+        pv);
+}
+
 // Channel-major: the conv state after each stored token (and conv_inter, channel-major too) as
 // items (t, g, v) of one 16-byte piece over all threads from tid0; `channel(g)`: group g's first
 // conv channel (< 0: none). `ws`: each token's conv write slot (< 0: none). The cluster form's,
@@ -569,17 +587,7 @@ __device__ __forceinline__ void conv_cm_store(const FusedProblem& f, const uint4
     const int64_t d = channel(g);
     if (d < 0) continue;
     int i = 8 * v / L, j = 8 * v - i * L;
-    const Packed<__half> pv{conv_cm_piece(win, scratch, G, g, L, first, t, i, j)};
-    if (wslot >= 0)
-      store_state_vec<__half, true>(
-          reinterpret_cast<__half*>(static_cast<char*>(f.conv_state.data) +
-                                    (wslot * f.conv_state.s[0] + d * L) * 2 + v * 16),
-          pv);
-    if (inter)
-      store_state_vec<__half, true>(
-          reinterpret_cast<__half*>(static_cast<char*>(f.conv_inter.data) +
-                                    (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * L) * 2 + v * 16),
-          pv);
+    conv_cm_put(f, wslot, n, t, d, v, conv_cm_piece(win, scratch, G, g, L, first, t, i, j));
   }
 }
 
@@ -623,15 +631,9 @@ __device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, cons
     const int64_t wslot = ws[t];
     if (wslot < 0 && !inter) continue;
     if (cm > 0) {
-      char* const cs = static_cast<char*>(f.conv_state.data) + (wslot * f.conv_state.s[0] + d * L) * 2;
-      char* const ci =
-          static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * L) * 2;
       int i = 0, j = 0;
-      for (int v = 0; v < L; ++v) {
-        const Packed<__half> pv{conv_cm_piece(win, nullptr, G, g, L, first, t, i, j)};
-        if (wslot >= 0) store_state_vec<__half, true>(reinterpret_cast<__half*>(cs + v * 16), pv);
-        if (inter) store_state_vec<__half, true>(reinterpret_cast<__half*>(ci + v * 16), pv);
-      }
+      for (int v = 0; v < L; ++v)
+        conv_cm_put(f, wslot, n, t, d, v, conv_cm_piece(win, nullptr, G, g, L, first, t, i, j));
       continue;
     }
     char* const cs = static_cast<char*>(f.conv_state.data) + (wslot * f.conv_state.s[0] + d) * 2;
