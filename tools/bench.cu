@@ -305,9 +305,7 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
       static_cast<gdn::StepArgs&>(f) = static_cast<const gdn::StepArgs&>(args);
       void* cs = arena.take(P * conv_elems * 2);
       fill<__nv_bfloat16>(cs, P * conv_elems, 1.732f, seed + 300 + i, s);
-      f.conv_state = opt.conv_layout == "channel-major"
-                         ? gdn::make_view(cs, gdn::kBFloat16, dl, {P, D, kConvL}, {D * kConvL, kConvL, 1})
-                         : gdn::make_view(cs, gdn::kBFloat16, dl, {P, D, kConvL}, {D * kConvL, 1, D});
+      f.conv_state = gdn::tools::conv_pool_view(cs, dl, P, D, opt);
       su.fsets.push_back(f);
     }
   }

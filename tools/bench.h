@@ -10,6 +10,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "gdn/gdn.h"
+
 namespace gdn::tools {
 
 // The fused rows' conv in both benches, as the models have it: W = 4 taps, a bf16 conv pool of
@@ -37,6 +39,14 @@ struct BenchOptions {
   int threads = 0;             // CPU only: OpenMP threads (0: the runtime's default)
   double llc_multiple = 4.0;   // CPU: state sets rotated so the others' bytes are >= this x LLC
 };
+
+// The fused rows' conv pool of P slots over D channels at `data` (P * D * kConvL bf16 elements)
+// on `device`, in the layout --conv-layout names: the one view both benches pass.
+inline TensorView conv_pool_view(void* data, DLDevice device, int64_t P, int64_t D, const BenchOptions& opt) {
+  return opt.conv_layout == "channel-major"
+             ? make_view(data, kBFloat16, device, {P, D, kConvL}, {D * kConvL, kConvL, 1})
+             : make_view(data, kBFloat16, device, {P, D, kConvL}, {D * kConvL, 1, D});
+}
 
 void add_bench_command(CLI::App& app);
 

@@ -331,9 +331,7 @@ Setup make_setup(const Config& c, const BenchOptions& opt, size_t llc, uint64_t 
       static_cast<StepArgs&>(f) = static_cast<const StepArgs&>(args);
       char* cs = take(P * D * kConvL * 2);
       fill(cs, kBFloat16, P * D * kConvL, 1.732f, seed + 300 + i);
-      f.conv_state = opt.conv_layout == "channel-major"
-                         ? make_view(cs, kBFloat16, cpu, {P, D, kConvL}, {D * kConvL, kConvL, 1})
-                         : make_view(cs, kBFloat16, cpu, {P, D, kConvL}, {D * kConvL, 1, D});
+      f.conv_state = conv_pool_view(cs, cpu, P, D, opt);
       su.fsets.push_back(f);
     }
   }
