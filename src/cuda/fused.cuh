@@ -195,7 +195,8 @@ __device__ __forceinline__ int rotated_tid(int w) {
 // 16-bit windows, taps and bias, 8 channels per 16-byte vector (channel-major: and the raw
 // columns' scratch).
 __host__ __device__ constexpr int fused_win_floats(const FusedShare& s, int W) {
-  return round4(s.wl * s.own > s.own / 2 * (s.wl + W + 1 + s.cm) ? s.wl * s.own : s.own / 2 * (s.wl + W + 1 + s.cm));
+  const int f32 = s.wl * s.own, raw16 = s.own / 2 * (s.wl + W + 1 + s.cm);
+  return round4(f32 > raw16 ? f32 : raw16);
 }
 
 // Floats after the staging area, each region a multiple of 16 bytes, plus 4 of slack to align
@@ -492,8 +493,8 @@ __device__ __forceinline__ void unpack2(uint32_t w, DType dt, float* out) {
 
 // The conv and SiLU of one channel pair of a 16-byte path's raw windows, once the inputs landed:
 // `taps` the pair's 2 * kW taps (kW words), `bias` its bias word (null: none), `entry(k)` the
-// pair's word of window entry L - (W - 1) + t + k (ConvPairEntry). Shared by the cluster form
-// and the group kernel (fused_group.cuh).
+// pair's word of window entry L - (W - 1) + t + k (ConvPairEntry; the group kernel's rows alone,
+// group_conv_item). Shared by the cluster form and the group kernel (fused_group.cuh).
 template <int kW, class Entry>
 __device__ __forceinline__ float2 conv_vec_pair(const uint32_t* taps, const uint32_t* bias, Entry entry, DType dt) {
   float tw[2 * kW];  // tap k of channel i at [i * kW + k]
@@ -530,19 +531,19 @@ struct ConvPairEntry {
   }
 };
 
-// Channel-major: piece v of group g's conv state after token t (elements 8v..8v+7 of its 8L:
-// channel i = e / L, column j = e % L, window entry t + 1 + j), from the scratch's old columns
-// (entries < L) and the window rows.
+// Channel-major: the next 16-byte piece of group g's conv state after token t (8 elements of its
+// 8L, from channel i, column j on: window entry t + 1 + j; i and j advance past them), from the
+// scratch's old columns (entries < L) and the window rows, or from the window rows alone where
+// `scratch` is null (the group kernel, which transposed the old columns there).
 __device__ __forceinline__ uint4 conv_cm_piece(const uint4* win, const uint4* scratch, int G, int g, int L, int first,
-                                               int t, int v) {
-  const uint16_t* const old = reinterpret_cast<const uint16_t*>(scratch + g * L);
+                                               int t, int& i, int& j) {
+  const uint16_t* const old = scratch != nullptr ? reinterpret_cast<const uint16_t*>(scratch + g * L) : nullptr;
   const uint16_t* const rows = reinterpret_cast<const uint16_t*>(win + g);  // channel i of row r: [r * G * 8 + i]
-  int i = 8 * v / L, j = 8 * v - i * L;
   uint32_t w[4];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     const int en = t + 1 + j;
-    const uint32_t h = en < L ? old[i * L + en] : rows[(en - first) * G * 8 + i];
+    const uint32_t h = old != nullptr && en < L ? old[i * L + en] : rows[(en - first) * G * 8 + i];
     w[e / 2] = e % 2 == 0 ? h : w[e / 2] | h << 16;
     if (++j == L) {
       j = 0;
@@ -550,6 +551,23 @@ __device__ __forceinline__ uint4 conv_cm_piece(const uint4* win, const uint4* sc
     }
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Channel-major: piece v (16 bytes) of conv channel d's group after token t, into the conv
+// state's write slot `wslot` (< 0: none) and into conv_inter (where given). The channels are
+// packed (host: fused_conv_cm_layout), so the group's 8L elements start at channel d * L.
+__device__ __forceinline__ void conv_cm_put(const FusedProblem& f, int64_t wslot, int64_t n, int t, int64_t d, int v,
+                                            uint4 piece) {
+  const Packed<__half> pv{piece};
+  if (wslot >= 0)
+    store_state_vec<__half, true>(reinterpret_cast<__half*>(static_cast<char*>(f.conv_state.data) +
+                                                            (wslot * f.conv_state.s[0] + d * f.L) * 2 + v * 16),
+                                  pv);
+  if (f.conv_inter.data != nullptr)
+    store_state_vec<__half, true>(
+        reinterpret_cast<__half*>(static_cast<char*>(f.conv_inter.data) +
+                                  (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * f.L) * 2 + v * 16),
+        pv);
 }
 
 // Channel-major: the conv state after each stored token (and conv_inter, channel-major too) as
@@ -568,17 +586,8 @@ __device__ __forceinline__ void conv_cm_store(const FusedProblem& f, const uint4
     if (wslot < 0 && !inter) continue;
     const int64_t d = channel(g);
     if (d < 0) continue;
-    const Packed<__half> pv{conv_cm_piece(win, scratch, G, g, L, first, t, v)};
-    if (wslot >= 0)
-      store_state_vec<__half, true>(
-          reinterpret_cast<__half*>(static_cast<char*>(f.conv_state.data) +
-                                    (wslot * f.conv_state.s[0] + d * L) * 2 + v * 16),
-          pv);
-    if (inter)
-      store_state_vec<__half, true>(
-          reinterpret_cast<__half*>(static_cast<char*>(f.conv_inter.data) +
-                                    (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * L) * 2 + v * 16),
-          pv);
+    int i = 8 * v / L, j = 8 * v - i * L;
+    conv_cm_put(f, wslot, n, t, d, v, conv_cm_piece(win, scratch, G, g, L, first, t, i, j));
   }
 }
 
@@ -611,26 +620,20 @@ __device__ __forceinline__ void fused_conv_vec_item(const FusedProblem& f, const
 // conv channel d: 16-byte copies of its window rows (`win`: rows of G groups; column j after token
 // t is window entry t + 1 + j, row t + 1 + j - first; the conv state and mixed_qkv share the
 // dtype), or channel-major (cm = L; conv_inter too, host: fused_conv_path) L pieces of 8
-// (channel, column) elements (conv_cm_piece, the old columns from `scratch`). `ws`: each token's
-// conv write slot (< 0: none). Shared with the group kernel; the cluster form's channel-major
-// stores are conv_cm_store's, after its slice push.
-__device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, const uint4* win, const uint4* scratch,
-                                                     int cm, int G, int g, int64_t d, int64_t n, int first, int T,
-                                                     const int64_t* ws) {
+// (channel, column) elements (conv_cm_piece: the group kernel transposed the old columns into the
+// window rows). `ws`: each token's conv write slot (< 0: none). Shared with the group kernel; the
+// cluster form's channel-major stores are conv_cm_store's, after its slice push.
+__device__ __forceinline__ void conv_vec_store_group(const FusedProblem& f, const uint4* win, int cm, int G, int g,
+                                                     int64_t d, int64_t n, int first, int T, const int64_t* ws) {
   const int L = static_cast<int>(f.L);
   const bool inter = f.conv_inter.data != nullptr;
   for (int t = 0; t < T; ++t) {
     const int64_t wslot = ws[t];
     if (wslot < 0 && !inter) continue;
     if (cm > 0) {
-      char* const cs = static_cast<char*>(f.conv_state.data) + (wslot * f.conv_state.s[0] + d * L) * 2;
-      char* const ci =
-          static_cast<char*>(f.conv_inter.data) + (n * f.conv_inter.s[0] + t * f.conv_inter.s[1] + d * L) * 2;
-      for (int v = 0; v < L; ++v) {
-        const Packed<__half> pv{conv_cm_piece(win, scratch, G, g, L, first, t, v)};
-        if (wslot >= 0) store_state_vec<__half, true>(reinterpret_cast<__half*>(cs + v * 16), pv);
-        if (inter) store_state_vec<__half, true>(reinterpret_cast<__half*>(ci + v * 16), pv);
-      }
+      int i = 0, j = 0;
+      for (int v = 0; v < L; ++v)
+        conv_cm_put(f, wslot, n, t, d, v, conv_cm_piece(win, nullptr, G, g, L, first, t, i, j));
       continue;
     }
     char* const cs = static_cast<char*>(f.conv_state.data) + (wslot * f.conv_state.s[0] + d) * 2;
@@ -651,8 +654,7 @@ __device__ __forceinline__ void fused_conv_vec_store(const FusedProblem& f, cons
   const int G = s.own / 8;
   for (int g = rotated_tid<NT>(NT / 32 - 1); g < G; g += NT) {
     const int64_t d = fused_channel(p, s, g * 8, hv, c0);
-    if (d >= 0)
-      conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), nullptr, 0, G, g, d, n, s.first, T, fs.ws);
+    if (d >= 0) conv_vec_store_group(f, reinterpret_cast<const uint4*>(fs.win), 0, G, g, d, n, s.first, T, fs.ws);
   }
 }
 

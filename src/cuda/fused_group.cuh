@@ -99,11 +99,12 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Fus
   const uint32_t* const taps = win + lay.wl * G8 * 4 + g * kW * 4 + sub * kW;
   const uint32_t* const bias =
       f.conv_bias.data != nullptr ? win + lay.wl * G8 * 4 + G8 * kW * 4 + g * 4 + sub : nullptr;
-  const uint4* const rows = reinterpret_cast<const uint4*>(base + lay.win);
-  // Channel-major columns were transposed into the window rows (conv_cm_transpose): no scratch.
-  const ConvPairEntry entry(rows, rows, G8, g, sub, static_cast<int>(f.L) - (kW - 1) + t,
-                            conv_first_col(static_cast<int>(f.L), kW), 0);
-  const float2 y = conv_vec_pair<kW>(taps, bias, entry, f.x.dtype);
+  // Every entry is in the window rows (channel-major columns were transposed there,
+  // conv_cm_transpose), so no ConvPairEntry: its scratch branch stays in the code unless the
+  // compiler can prove the entry index non-negative, which it cannot.
+  const int row0 = static_cast<int>(f.L) - (kW - 1) - conv_first_col(static_cast<int>(f.L), kW) + t;
+  const uint32_t* const x = win + (row0 * G8 + g) * 4 + sub;
+  const float2 y = conv_vec_pair<kW>(taps, bias, [&](int k) { return x[k * G8 * 4]; }, f.x.dtype);
   const int c = g * 8 + 2 * sub;
   using Pos = typename VkShape<S, K, 1>::Pos;
   float* dst;
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   // The conv state after each stored token (and conv_inter). The block alone reads these
   // channels, and it has read them.
   for (int g = tid; g < G8; g += NT)
-    conv_vec_store_group(f, win, scratch, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
+    conv_vec_store_group(f, win, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
 
   // The stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
   for (int s = 0; s < NS; ++s) {
