@@ -28,6 +28,8 @@ def test_smoke_cpu(tmp_path):
     for r in doc["rows"]:
         for p in ("stock", "gdn_rec", "fused", "gemms"):
             assert r[f"{p}_us"] > 0 and r[f"{p}_mode"] == "eager"
+        for p in ("stock", "gdn_rec", "fused"):
+            assert r[f"{p}_cuda_ops"] is None  # counted on CUDA only
         assert set(r["gemm_split_us"]) == {"in_proj_qkvz", "in_proj_ba", "out_proj"}
         # A bf16 layer: the paths differ by transformers' roundings between stages (measured
         # about 6e-3 for fused, 1e-4 for gdn_rec, whose output is rounded like stock's); a

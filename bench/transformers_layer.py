@@ -25,7 +25,8 @@ as a decode loop over one batch does. A path that graph capture refuses is timed
 median over --reps of `calls` back-to-back calls, synchronised) and marked "eager". Before
 timing, one step of each path from copies of the same cache is compared with the stock step
 (relative Frobenius error of the layer output; bf16, so ~1e-2: gdn does not round between
-stages, transformers does).
+stages, transformers does). Each row also counts the GPU operations one step of each path runs
+(torch.profiler; `*_cuda_ops`): in a graph each is a node, and at small B most cost their launch.
 
     python3 bench/transformers_layer.py [--B 4 ...] [--T 1 ...] [--calls 20] [--reps 10] [--json PATH]
     python3 bench/transformers_layer.py --device cpu --smoke     # the script's logic, on the CPU
@@ -212,6 +213,7 @@ def bench(layer, config, B, T, args, run_timed, gen):
     for p in ("stock", "gdn_rec", "fused"):
         c = copy.deepcopy(cache)
         with ctx[p]():
+            row[f"{p}_cuda_ops"] = cuda_ops(lambda: layer(x, cache_params=c), dev)
             us, mode = run_timed(lambda: layer(x, cache_params=c), args.calls)
         row[f"{p}_us"], row[f"{p}_mode"] = round(us, 3), mode
         del c
@@ -221,6 +223,20 @@ def bench(layer, config, B, T, args, run_timed, gen):
     row["gemms_us"] = round(us, 3)
     row["gemm_split_us"] = {n: round(run_timed(f, args.calls)[0], 3) for n, f in gemm.items()}
     return row
+
+
+def cuda_ops(step, device):
+    """The GPU operations (kernels, copies, memsets) one call of ``step`` runs, by torch.profiler
+    after one warm-up call; None on the CPU. In a graph each is a node, and at B = 4 most of
+    them cost their launch, not their bytes."""
+    if device != "cuda":
+        return None
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def commit():
@@ -278,7 +294,7 @@ def main(argv=None):
     run_timed = timer(args.device, args.reps)
     rows = []
     print(f"{'B':>4} {'T':>2} {'stock_us':>10} {'gdn_rec_us':>10} {'fused_us':>10} {'gemms_us':>9} "
-          f"{'stock-gemms':>11} {'fused-gemms':>11}  check (rel vs stock: gdn_rec, fused)")
+          f"{'stock-gemms':>11} {'fused-gemms':>11}  check (rel vs stock: gdn_rec, fused)  GPU ops per step")
     with torch.no_grad():
         config, layer = make_layer(args.device)
         for B in args.B:
@@ -289,8 +305,8 @@ def main(argv=None):
                 print(f"{B:4} {T:2} {r['stock_us']:9.2f}{flag('stock')} {r['gdn_rec_us']:9.2f}{flag('gdn_rec')} "
                       f"{r['fused_us']:9.2f}{flag('fused')} {r['gemms_us']:8.2f}{flag('gemms')} "
                       f"{r['stock_us'] - r['gemms_us']:11.2f} {r['fused_us'] - r['gemms_us']:11.2f}  "
-                      f"{r['check_rel_frob_vs_stock']['gdn_rec']:.2e}, {r['check_rel_frob_vs_stock']['fused']:.2e}",
-                      flush=True)
+                      f"{r['check_rel_frob_vs_stock']['gdn_rec']:.2e}, {r['check_rel_frob_vs_stock']['fused']:.2e}  "
+                      + "/".join(str(r[f"{p}_cuda_ops"]) for p in ("stock", "gdn_rec", "fused")), flush=True)
     if args.device == "cuda" and any(r[f"{p}_mode"] == "eager" for r in rows for p in PATHS):
         print("* graph capture failed for this path: timed eagerly (includes launch overhead)")
     if args.device == "cpu":
@@ -304,7 +320,9 @@ def main(argv=None):
                "method": {"timing": "CUDA graph of `calls` steps, median over `reps` replays of replay/calls "
                                     "(CUDA events)" if args.device == "cuda" else "eager wall clock (CPU)",
                           "calls": args.calls, "reps": args.reps,
-                          "states": "warm: every call of a path updates the same cache"},
+                          "states": "warm: every call of a path updates the same cache",
+                          "cuda_ops": "GPU operations (kernels, copies, memsets) of one eager step, by "
+                                      "torch.profiler after one warm-up step; null on the CPU"},
                "paths": {"stock": "Qwen3NextGatedDeltaNet.forward as resolved (stock_path)",
                          "gdn_rec": "stock forward, torch_recurrent_gated_delta_rule -> "
                                     "gdn.fla.fused_recurrent_gated_delta_rule",

@@ -23,10 +23,12 @@ The mapping, per GDN layer and step (B rows, T tokens; D = 2*H*K + HV*V):
 =========================  ===================================================================
 gdn.fused_decode           transformers
 =========================  ===================================================================
-mixed_qkv [B, T, D]        Qwen3.5: ``in_proj_qkv(x)`` itself. Qwen3-Next: the q, k, v of
-                           ``fix_query_key_value_ordering`` copied into one tensor, as
-                           transformers does: ``in_proj_qkvz`` interleaves q | k | v | z per
-                           key head, which no strided view reorders into q | k | v.
+mixed_qkv [B, T, D]        Qwen3.5: ``in_proj_qkv(x)`` itself. Qwen3-Next: ``in_proj_qkvz``
+                           interleaves q | k | v | z per key head, which no strided view
+                           reorders, so one gather (``index_select``) of its output puts q | k |
+                           v | z in order and mixed_qkv is its first D columns. The gather's
+                           indices come from transformers' own ``fix_query_key_value_ordering``
+                           run once on column numbers (``enable``), so the order is its order.
 conv_weight [D, W]         ``conv1d.weight`` [D, 1, W] squeezed: a view.
 conv_bias [D]              ``conv1d.bias`` (None in both models).
 conv_state [B, D, W]       the cache's own conv state tensor of the layer (``conv_states[0]``),
@@ -36,13 +38,14 @@ state [B, HV, K, V]        the cache's own recurrent state (``recurrent_states[0
                            transformers creates it), ``layout="KV"``, dense mode (row n is
                            batch row n), updated in place: transformers' copy of the new state
                            into the cache is not needed.
-a, b [B, T, HV]            Qwen3.5: ``in_proj_a(x)``, ``in_proj_b(x)``. Qwen3-Next: from
-                           ``fix_query_key_value_ordering`` (its reshape copies them).
-A_log [HV]                 ``A_log``, as float32 (a copy of HV values per step when the model
-                           is not fp32: gdn reads A_log in fp32 only).
+a, b [B, T, HV]            Qwen3.5: ``in_proj_a(x)``, ``in_proj_b(x)``. Qwen3-Next: views of
+                           one gather of ``in_proj_ba(x)`` (b | a), as for mixed_qkv.
+A_log [HV]                 ``A_log``, as float32: when the model is not fp32, a float32 copy
+                           kept on the layer and made again only when ``A_log`` changes (its
+                           version counter or storage), not a conversion per step.
 dt_bias [HV]               ``dt_bias``.
-norm_weight, z, norm_eps   ``norm.weight``; z as transformers forms it (Qwen3.5: a view of
-                           ``in_proj_z(x)``; Qwen3-Next: the reshape's copy);
+norm_weight, z, norm_eps   ``norm.weight``; z: Qwen3.5 a view of ``in_proj_z(x)``; Qwen3-Next
+                           the gather's last HV*V columns;
                            ``norm.variance_epsilon``.
 o [B, T, HV, V]            new, in the model's dtype; flattened to [B, T, HV*V] for
                            ``out_proj``.
@@ -147,6 +150,8 @@ def enable(model):
         # model rebinds it to the copy's layer.
         layer.forward = types.MethodType(_forward, layer)
         layer._gdn_style = _style(layer, classes)
+        if layer._gdn_style == "qkvz":
+            _qkvz_order(layer, layer.in_proj_qkvz.weight.device)
     return len(layers)
 
 
@@ -156,7 +161,8 @@ def disable(model):
     for layer in model.modules():
         if _routed(layer):
             del layer.forward
-            del layer._gdn_style
+            for attr in ("_gdn_style", "_gdn_order", "_gdn_A_log"):
+                layer.__dict__.pop(attr, None)
             n += 1
     return n
 
@@ -208,27 +214,59 @@ def _forward(self, hidden_states, cache_params=None, attention_mask=None, **kwar
     return _fused_step(self, hidden_states, attention_mask, *states)
 
 
+def _qkvz_order(layer, device):
+    """The column indices (int64, on ``device``) that gather q | k | v | z out of
+    ``in_proj_qkvz``'s output and b | a out of ``in_proj_ba``'s (Qwen3-Next interleaves them per
+    key head). Made by transformers' own ``fix_query_key_value_ordering`` on column numbers, so
+    the gathered tensors hold what its q, k, v, z, b, a hold. Kept on the layer: made in
+    ``enable`` (on the weights' device, outside any graph capture) and again only when the
+    model moved."""
+    order = layer.__dict__.get("_gdn_order")
+    if order is None or order[0].device != device:
+        cols = [torch.arange(m.out_features, dtype=torch.float64).view(1, 1, -1)  # exact up to 2^53
+                for m in (layer.in_proj_qkvz, layer.in_proj_ba)]
+        q, k, v, z, b, a = layer.fix_query_key_value_ordering(*cols)
+        order = tuple(torch.cat([t.reshape(-1) for t in parts]).to(device=device, dtype=torch.int64)
+                      for parts in ((q, k, v, z), (b, a)))
+        layer._gdn_order = order
+    return order
+
+
+def _A_log_f32(layer):
+    """``A_log`` in float32, as gdn reads it: the parameter itself when it is float32, else a copy
+    kept on the layer until the parameter changes (in place: its version counter; replaced: its
+    storage), so a step converts nothing."""
+    A_log = layer.A_log
+    if A_log.dtype == torch.float32:
+        return A_log
+    key = (A_log.data_ptr(), A_log._version, A_log.device)
+    kept = layer.__dict__.get("_gdn_A_log")
+    if kept is None or kept[0] != key:
+        kept = (key, A_log.detach().float())
+        layer._gdn_A_log = kept
+    return kept[1]
+
+
 def _fused_step(self, hidden_states, attention_mask, conv_state, state):
     if attention_mask is not None:
         # transformers' apply_mask_to_padding_states: padding tokens enter as zeros.
         hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
     B, T, _ = hidden_states.shape
     if self._gdn_style == "qkvz":
-        q, k, v, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(hidden_states),
-                                                             self.in_proj_ba(hidden_states))
-        # One copy of each strided part into place (transformers reshapes, then concatenates).
-        mixed_qkv = q.new_empty(B, T, self.conv_dim)
-        HK = self.key_dim
-        mixed_qkv[..., :HK].view(q.shape).copy_(q)
-        mixed_qkv[..., HK:2 * HK].view(k.shape).copy_(k)
-        mixed_qkv[..., 2 * HK:].view(v.shape).copy_(v)
+        # One gather per projection instead of transformers' reshape copies (v, z, b, a) and
+        # concatenation (q, k, v): five small kernels fewer per step.
+        qkvz_order, ba_order = _qkvz_order(self, hidden_states.device)
+        qkvz = self.in_proj_qkvz(hidden_states).index_select(-1, qkvz_order)  # [B, T, D + HV*V]
+        mixed_qkv = qkvz[..., :self.conv_dim]
+        z = qkvz[..., self.conv_dim:].unflatten(-1, (-1, self.head_v_dim))
+        ba = self.in_proj_ba(hidden_states).index_select(-1, ba_order)  # [B, T, 2 * HV]: b | a
+        b, a = ba.chunk(2, dim=-1)
     else:
         mixed_qkv = self.in_proj_qkv(hidden_states)
         z = self.in_proj_z(hidden_states).reshape(B, T, -1, self.head_v_dim)
         b = self.in_proj_b(hidden_states)
         a = self.in_proj_a(hidden_states)
-    A_log = self.A_log if self.A_log.dtype == torch.float32 else self.A_log.float()
     o = _gdn.fused_decode(mixed_qkv, self.conv1d.weight.squeeze(1), conv_state, state, conv_bias=self.conv1d.bias,
                           norm_weight=self.norm.weight, z=z, norm_eps=self.norm.variance_epsilon, a=a, b=b,
-                          A_log=A_log, dt_bias=self.dt_bias, layout="KV")
+                          A_log=_A_log_f32(self), dt_bias=self.dt_bias, layout="KV")
     return self.out_proj(o.reshape(B, T, -1))

@@ -388,6 +388,39 @@ def test_enable_disable(seed):
         gdn_tf.enable(odd)
 
 
+def test_kept_A_log_follows_the_parameter(seed):
+    """A bf16 model's A_log, kept in float32 on the layer between steps, is converted again after
+    it changes in place (its version counter) or is replaced: each step equals a fresh enable's."""
+    family = any_family()
+    model = make_model(family, "cpu", torch.bfloat16)
+    layer = gdn_layers(model)[0]
+    with torch.no_grad():
+        cache = model(ids(PROMPT, "cpu"), use_cache=True).past_key_values
+    x = torch.randn(B, 1, 64).to(torch.bfloat16)
+
+    def step(fresh=False):
+        if fresh:
+            gdn_tf.disable(model)
+        gdn_tf.enable(model)
+        _, rec = record(model, lambda: layer(x, cache_params=copy.deepcopy(cache)))
+        assert rec.calls == 1
+        return rec.outputs[0]
+
+    try:
+        before = step()
+        with torch.no_grad():
+            layer.A_log.add_(0.5)
+        changed = step()
+        assert not torch.equal(changed, before), "the step read the old A_log"
+        assert torch.equal(changed, step(fresh=True))
+        layer.A_log = torch.nn.Parameter(layer.A_log.detach() - 1.0)
+        replaced = step()
+        assert not torch.equal(replaced, changed), "the step read the replaced A_log"
+        assert torch.equal(replaced, step(fresh=True))
+    finally:
+        gdn_tf.disable(model)
+
+
 def test_left_to_transformers(seed):
     """The steps enable leaves to transformers run its code unchanged (bit-identical, no gdn
     call): prefill, more than 16 tokens from a cache, no cache, grad mode."""
