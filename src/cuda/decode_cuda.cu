@@ -623,8 +623,9 @@ int compute_capability_major() {
 }
 
 // The group kernel (fused_group.cuh): one block per (row, q/k head) streaming its GVA group's
-// state through NB stage buffers of kGroupRows rows; VK, K = 128, the conv's 16-byte layout,
-// T <= kMaxChunk. Against the cluster form, measured on the H100 (Qwen3-Next and Qwen3.5, pool,
+// state through NB stage buffers (VK: kGroupRows rows; KV: the K x VT tile of VT columns, 16 KB);
+// K = 128, the conv's 16-byte layout, T <= kMaxChunk. The rule below was measured on VK; KV takes
+// it as it is. Against the cluster form, measured on the H100 (Qwen3-Next and Qwen3.5, pool,
 // T = 1, 2, 4, B = 4..256, one call per comparison; docs/design.md): it needs a grid of at least
 // 1.5 blocks per SM (B * H = 128 blocks lost everywhere but Qwen3.5 fp32 T = 2: Qwen3.5 bf16 T = 2
 // B = 8 20.8 -> 27.9 us, fp32 T = 4 B = 8 37.6 -> 40.6), and then at T <= 3 at least
@@ -636,7 +637,7 @@ int compute_capability_major() {
 //                               (default) by the rule above.
 // Stage buffers: three of 16 KB for 16-bit states (two: 53.0 us at bf16 B = 64, three 51.7, four
 // 57.1 at two blocks per SM instead of three), two of 32 KB for fp32 (one to four within 1% at
-// Qwen3-Next, three and four 4-5% slower at Qwen3.5 B = 64).
+// Qwen3-Next, three and four 4-5% slower at Qwen3.5 B = 64); KV: three of 16 KB at every dtype.
 int fused_group_mode() {
   static const int v = env_int("GDN_CUDA_FUSED_GROUP", 1);
   return v;
@@ -647,7 +648,8 @@ template <typename S>
 bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
   const int mode = fused_group_mode();
-  if (mode == 0 || p.layout_kv || p.K != 128 || p.V % kGroupRows != 0 || p.T > kMaxChunk) return false;
+  const int rt = p.layout_kv ? GroupKvShape<S, 128>::VT : kGroupRows;  // stage rows (KV: columns)
+  if (mode == 0 || p.K != 128 || p.V % rt != 0 || p.T > kMaxChunk) return false;
   const ConvPath conv = fused_conv_path(f, 1);
   if (conv == kConvScalar) return false;
   const int64_t blocks = p.B * p.H;
@@ -655,15 +657,16 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const bool pays = 2 * blocks >= 3 * sm_count() && (p.T >= 4 || state_bytes >= kGroupMinStateBytesPerSm * sm_count());
   if (mode == 1 && !pays) return false;
   const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
-  const int tiles = V / kGroupRows;
-  const int nb = std::min(sizeof(S) == 4 ? 2 : 3, group * tiles);
+  const int tiles = V / rt;
+  const int nb = std::min(sizeof(S) == 4 && !p.layout_kv ? 2 : 3, group * tiles);
   const bool norm = f.norm_weight.data != nullptr;
   const bool norm_vec = norm && fused_norm_vec_ok(f, V);
   const int zb = norm_vec && f.z.data != nullptr ? dtype_bytes_host(f.z.dtype) : 0;
   const int wb = norm_vec ? dtype_bytes_host(f.norm_weight.dtype) : 0;
   const FusedGroupSmem lay(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L),
                            conv == kConvCm,
-                           kGroupRows, nb, static_cast<int>(sizeof(S)), norm, zb, wb);
+                           rt, nb, static_cast<int>(sizeof(S)), norm, zb, wb,
+                           p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0);
   if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
   lp = LaunchPlan{};
   lp.group = true;
@@ -673,7 +676,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   lp.rows_per_thread = kGroupRR;
   lp.blocks = blocks;
   lp.smem = static_cast<size_t>(lay.total);
-  lp.geo.tile_rows = kGroupRows;
+  lp.geo.tile_rows = rt;
   lp.geo.tiles = tiles;
   lp.geo.buffers = nb;
   lp.geo.chunk = T;
