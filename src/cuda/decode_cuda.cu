@@ -624,15 +624,22 @@ int compute_capability_major() {
 
 // The group kernel (fused_group.cuh): one block per (row, q/k head) streaming its GVA group's
 // state through NB stage buffers (VK: kGroupRows rows; KV: the K x VT tile of VT columns, 16 KB);
-// K = 128, the conv's 16-byte layout, T <= kMaxChunk. The rule below was measured on VK; KV takes
-// it as it is. Against the cluster form, measured on the H100 (Qwen3-Next and Qwen3.5, pool,
-// T = 1, 2, 4, B = 4..256, one call per comparison; docs/design.md): it needs a grid of at least
+// K = 128, the conv's 16-byte layout, T <= kMaxChunk. Against the cluster form, measured on the
+// H100 for VK (Qwen3-Next and Qwen3.5, pool, T = 1, 2, 4, B = 4..256, one call per comparison;
+// docs/design.md): it needs a grid of at least
 // 1.5 blocks per SM (B * H = 128 blocks lost everywhere but Qwen3.5 fp32 T = 2: Qwen3.5 bf16 T = 2
 // B = 8 20.8 -> 27.9 us, fp32 T = 4 B = 8 37.6 -> 40.6), and then at T <= 3 at least
 // kGroupMinStateBytesPerSm of state per SM (Qwen3-Next bf16 B = 16, 16 MB: T = 1 16.3 -> 17.8,
 // T = 2 18.6 -> 22.2; from 32 MB faster or level: fp32 B = 16 31.2 -> 24.2, Qwen3.5 bf16 B = 16
 // 33.7 -> 29.2, Qwen3-Next bf16 B = 64 58.8 -> 52.1, B = 32 level), at T >= 4 none (Qwen3-Next bf16
 // B = 16 38.5 -> 31.2). Below, the cluster form's more, smaller blocks fill the GPU sooner.
+// KV, measured on the H200 (both models, pool, vLLM's conv layout, T = 1, 2, 4, B = 4..32, group
+// forced against never in one call; docs/design.md): the same rule, but for 16-bit states at
+// T >= 2, where the cluster form keeps its rows in an fp32 work tile, from
+// kGroupKvMinStateBytesPerSm of state per SM on any grid (Qwen3-Next bf16 T = 2 B = 8, 8 MB in
+// 128 blocks: 27.9 -> 17.1 us; B = 4, 4 MB: 13.1 -> 16.4, lost; Qwen3.5 bf16 T = 2 B = 4, 8 MB:
+// 29.0 -> 26.3). fp32 keeps the grid condition (Qwen3.5 fp32 T = 2 B = 8, 128 blocks: 31.1 -> 35.7,
+// lost), T = 1 the bytes (Qwen3-Next bf16 B = 16, 16 MB: 15.4 -> 17.8, lost; B = 32 level).
 //   GDN_CUDA_FUSED_GROUP=0|1|2  0 never, 2 wherever it applies (the GPU tests force it), 1
 //                               (default) by the rule above.
 // Stage buffers: three of 16 KB for 16-bit states (two: 53.0 us at bf16 B = 64, three 51.7, four
@@ -643,6 +650,7 @@ int fused_group_mode() {
   return v;
 }
 constexpr int64_t kGroupMinStateBytesPerSm = 240 * 1024;
+constexpr int64_t kGroupKvMinStateBytesPerSm = 48 * 1024;
 
 template <typename S>
 bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
@@ -654,7 +662,9 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   if (conv == kConvScalar) return false;
   const int64_t blocks = p.B * p.H;
   const int64_t state_bytes = p.B * p.HV * p.V * p.K * static_cast<int64_t>(sizeof(S));
-  const bool pays = 2 * blocks >= 3 * sm_count() && (p.T >= 4 || state_bytes >= kGroupMinStateBytesPerSm * sm_count());
+  const bool pays = p.layout_kv && sizeof(S) < 4 && p.T >= 2
+                        ? state_bytes >= kGroupKvMinStateBytesPerSm * sm_count()
+                        : 2 * blocks >= 3 * sm_count() && (p.T >= 4 || state_bytes >= kGroupMinStateBytesPerSm * sm_count());
   if (mode == 1 && !pays) return false;
   const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / rt;
@@ -684,7 +694,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   lp.geo.conv_vec = true;
   lp.geo.conv_cm = conv == kConvCm;
   lp.geo.norm_vec = norm_vec;
-  lp.geo.prefetch = false;  // a grid of several waves (kGroupMinStateBytesPerSm)
+  lp.geo.prefetch = false;  // the group kernel has no L2 prefetch
   lp.pdl = pdl_enabled();
   return true;
 }

@@ -134,18 +134,19 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Fus
   }
 }
 
-// KV: the T tokens of one stage (value head hv, columns c0 + [0, VT)), the thread's RPT rows of its
-// column vector in st (rows i * KG + kg). The math and stores are the KV tile kernel's
-// (decode_kv_tile_kernel); tok: the head's token scalars; vcol: v of the thread's columns, token t
-// at + t * gV; o_head: the head's raw outputs [T][V] (kNorm). par: kv_reduce's buffer parity,
-// carried across stages (no barrier separates two stages' tokens).
+// KV: the T tokens of one stage (value head hv; col: the thread's first column), the thread's RPT
+// rows of its column vector in st (rows i * KG + kg). The per-token math is the KV tile kernel's
+// (decode_kv_tile_kernel) on rows held in registers, as in the general KV kernel, whose stores it
+// shares (kv_store_rows). sm: the q, k and the head's token scalars; vcol: v of the thread's
+// columns, token t at + t * gV; o_head: the head's raw outputs [T][V] (kNorm). par: kv_reduce's
+// buffer parity, carried across stages (no barrier separates two stages' tokens).
 template <typename S, int K, bool kNorm, bool kSr>
 __device__ __forceinline__ void kv_group_tokens(const Problem& p, const WarpSlots& slots, int64_t n, int64_t hv,
                                                 int64_t col, float (&st)[GroupKvShape<S, K>::RPT][kVecElems<S>],
                                                 const StageSmem& sm, const float* vcol, int gV, float* o_head,
                                                 float* red, int& par, int warp, int vl, int kgw, int kg) {
   using Sh = GroupKvShape<S, K>;
-  constexpr int VE = Sh::VE, RPT = Sh::RPT, KG = Sh::KG;
+  constexpr int VE = Sh::VE, RPT = Sh::RPT;
   const int T = sm.chunk;
   for (int t = 0; t < T; ++t, par ^= 1) {
     float qv[RPT], kv[RPT];
@@ -180,11 +181,7 @@ __device__ __forceinline__ void kv_group_tokens(const Problem& p, const WarpSlot
         kv_store_o<VE>(p, n, t, hv, col, o);
       }
     }
-    const KvRowStore<S, kSr> store(p, slots, n, t, hv, col, warp_token_write_slot(p, slots, n, t), true);
-    if (store.any()) {
-#pragma unroll
-      for (int i = 0; i < RPT; ++i) store(i * KG + kg, st[i]);
-    }
+    kv_store_rows<S, true, kSr, Sh::KG>(p, slots, n, t, hv, col, warp_token_write_slot(p, slots, n, t), kg, st);
   }
 }
 

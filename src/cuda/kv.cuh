@@ -117,39 +117,30 @@ __device__ __forceinline__ void kv_delta(const StageSmem& sm, int t, const float
   }
 }
 
-// The stores of one token's updated rows, one 16-byte column vector (VE columns from col) per
-// row: to the cache (inter) and to the write slot, either or both. Shared by the KV tile kernel
-// and the fused step's group kernel (fused_group.cuh). Stochastic rounding: element (k, v) is
-// e = k * V + v.
-template <typename S, bool kSr>
-struct KvRowStore {
-  S* inter = nullptr;  // the token's cache at row 0, column col; nullptr: none
-  S* pool = nullptr;   // the write slot's state at row 0, column col; nullptr: none
-  int64_t inter_rs = 0, pool_rs = 0, V = 0, col = 0;
-  bool sr = false;
-  uint32_t key = 0;
-  // on: this thread's columns are in range; wslot: warp_token_write_slot of token tt.
-  __device__ __forceinline__ KvRowStore(const Problem& p, const WarpSlots& slots, int64_t n, int64_t tt, int64_t hv,
-                                        int64_t col_, int64_t wslot, bool on) {
-    if (!on) return;
-    if (p.inter.data != nullptr)
-      inter = static_cast<S*>(p.inter.data) + n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] + col_;
-    if (wslot >= 0) pool = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + col_;
-    inter_rs = p.inter.s[3];
-    pool_rs = p.state.s[2];
-    V = p.V;
-    col = col_;
-    sr = kSr && p.rounding_seed != nullptr && (inter != nullptr || pool != nullptr);
-    key = sr ? sr_key(slots.sr_row, hv, tt) : 0u;
+// The stores of one token's updated rows held in registers (row i * KG + kg in st[i], VE columns
+// from col): to the cache (inter) and to the token's write slot (wslot: warp_token_write_slot),
+// either or both. Stochastic rounding: element (k, v) is e = k * V + v. Shared by the general KV
+// kernel and the fused step's group kernel (fused_group.cuh); kVec: 16-byte stores.
+template <typename S, bool kVec, bool kSr, int KG, int RPT, int VE>
+__device__ __forceinline__ void kv_store_rows(const Problem& p, const WarpSlots& slots, int64_t n, int64_t tt,
+                                              int64_t hv, int64_t col, int64_t wslot, int kg,
+                                              const float (&st)[RPT][VE]) {
+  const bool to_inter = p.inter.data != nullptr;
+  if (!to_inter && wslot < 0) return;
+  S* const inter = static_cast<S*>(p.inter.data);
+  S* const state = static_cast<S*>(p.state.data);
+  const int64_t ib = n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] + col;
+  const int64_t pb = wslot * p.state.s[0] + hv * p.state.s[1] + col;
+  const bool sr = kSr && p.rounding_seed != nullptr;
+  const uint32_t key = sr ? sr_key(slots.sr_row, hv, tt) : 0u;
+#pragma unroll
+  for (int i = 0; i < RPT; ++i) {
+    const int64_t row = i * KG + kg;
+    const Packed<S> pk = round_state_vec<S>(st[i], sr, key, row * p.V + col);
+    if (to_inter) store_state_vec<S, kVec>(inter + ib + row * p.inter.s[3], pk);
+    if (wslot >= 0) store_state_vec<S, kVec>(state + pb + row * p.state.s[2], pk);
   }
-  __device__ __forceinline__ bool any() const { return inter != nullptr || pool != nullptr; }
-  template <int VE>
-  __device__ __forceinline__ void operator()(int row, const float (&x)[VE]) const {
-    const Packed<S> pk = round_state_vec<S>(x, sr, key, static_cast<int64_t>(row) * V + col);
-    if (inter != nullptr) store_state_vec<S, true>(inter + row * inter_rs, pk);
-    if (pool != nullptr) store_state_vec<S, true>(pool + row * pool_rs, pk);
-  }
-};
+}
 
 template <int VE>
 __device__ __forceinline__ void kv_store_o(const Problem& p, int64_t n, int64_t tt, int64_t hv,
@@ -252,23 +243,8 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
         for (int c = 0; c < VE; ++c) st[i][c] = fmaf(g, st[i][c], dk[c] * kv[i]);
       }
       if (kg == 0 && col_ok) kv_store_o<VE>(p, n, tt, hv, col, o);
-
-      const int64_t wslot = warp_token_write_slot(p, slots, n, tt);
-      const bool to_inter = p.inter.data != nullptr;
-      if (col_ok && (to_inter || wslot >= 0)) {
-        S* const inter = static_cast<S*>(p.inter.data);
-        const int64_t ib = n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] + col;
-        const int64_t pb = wslot * ss0 + hv * ss1 + col;
-        const bool sr = kSr && p.rounding_seed != nullptr;  // element (k, v): e = k * V + v
-        const uint32_t key = sr ? sr_key(slots.sr_row, hv, tt) : 0u;
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-          const int64_t row = i * KG + kg;
-          const Packed<S> pk = round_state_vec<S>(st[i], sr, key, row * p.V + col);
-          if (to_inter) store_state_vec<S, kVec>(inter + ib + row * p.inter.s[3], pk);
-          if (wslot >= 0) store_state_vec<S, kVec>(state + pb + row * ss2, pk);
-        }
-      }
+      const int64_t wslot = warp_token_write_slot(p, slots, n, tt);  // every lane
+      if (col_ok) kv_store_rows<S, kVec, kSr, KG>(p, slots, n, tt, hv, col, wslot, kg, st);
     }
   }
 }
@@ -406,6 +382,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     cp_async_commit();
   }
 
+  const int64_t ss1 = p.state.s[1];
   {
     const S* src = head_src + slots.read * ss0;
     for (int i = tid; i < K * LV; i += NT) {
@@ -432,6 +409,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   cp_async_wait_group<0>();
   __syncthreads();
 
+  S* const inter = static_cast<S*>(p.inter.data);
   for (int t = 0; t < T; ++t) {
     const bool from_work = t > 0;  // 16-bit states: fp32 copy after the first token
     const float* qrow = sm.q + t * K + kg * RPT;
@@ -467,10 +445,14 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
       }
     }
 
-    const KvRowStore<S, kSr> store(p, slots, n, t, hv, col, warp_token_write_slot(p, slots, n, t), col_ok);
-    const bool to_global = store.any();
+    const int64_t wslot = warp_token_write_slot(p, slots, n, t);
+    const bool to_global = col_ok && (inter != nullptr || wslot >= 0);
     const bool keep = t + 1 < T;
     if (!to_global && !keep) continue;
+    const int64_t ib = n * p.inter.s[0] + t * p.inter.s[1] + hv * p.inter.s[2] + col;
+    const int64_t pb = wslot * ss0 + hv * ss1 + col;
+    const bool sr = kSr && p.rounding_seed != nullptr && to_global;  // element (k, v): e = k * V + v
+    const uint32_t key = sr ? sr_key(slots.sr_row, hv, t) : 0u;
 #pragma unroll 4
     for (int i = 0; i < RPT; i += 4) {
       float k4[4];
@@ -483,7 +465,11 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
         kv_tile_row<S, VE>(tile_s, work, off, from_work, x);
 #pragma unroll
         for (int c = 0; c < VE; ++c) x[c] = fmaf(g, x[c], dk[c] * k4[u]);
-        if (to_global) store(row, x);
+        if (to_global) {
+          const Packed<S> pk = round_state_vec<S>(x, sr, key, static_cast<int64_t>(row) * p.V + col);
+          if (inter != nullptr) store_state_vec<S, true>(inter + ib + row * p.inter.s[3], pk);
+          if (wslot >= 0) store_state_vec<S, true>(state + pb + row * ss2, pk);
+        }
         if (keep) {
           float* const dst = sizeof(S) == 4 ? reinterpret_cast<float*>(tile_s) : work;
 #pragma unroll
