@@ -1,7 +1,7 @@
 // The fused layer step (gdn::fused_decode, docs/semantics.md section 6) on the tile kernels
 // (the cluster form): the pieces that replace the q/k/v staging (the causal conv and SiLU), write
-// the conv state, and apply the gated RMSNorm to the output. Grids that fill the GPU with the
-// engines' layout take the group kernel instead (fused_group.cuh).
+// the conv state, and apply the gated RMSNorm to the output. Grids that fill the GPU (K = 128, the
+// conv's 16-byte path, either state layout) take the group kernel instead (fused_group.cuh).
 //
 // A block of a tile kernel owns one (row n, value head hv, tile): it needs the whole q and k
 // vectors of hv's q/k head h and v's channels of its tile. The blocks of one (n, h) — the

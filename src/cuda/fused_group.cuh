@@ -40,7 +40,7 @@ using GroupKvShape = KvShape<S, K, kGroupThreads, 8>;
 // it from the same numbers (plan_fused_group, fused_group_kernel).
 struct FusedGroupSmem {
   int buf = 0;   // [NB][RT][K] state stages, S (KV: [NB][K][RT], RT = VT columns)
-  int q, k;      // [T][K] fp32 conv outputs at VkShape::Pos positions
+  int q, k;      // [T][K] fp32 conv outputs at the layout's Pos positions (VkShape, KvShape)
   int v;         // [T][group * V] fp32
   int tok;       // [group][T][kTokScalars]
   int win;       // uint4 [wl][G8] raw windows, [G8][W] taps, [G8] bias (channel-major: [G8][L] raw columns)
