@@ -239,18 +239,17 @@ TEST_P(Fused, LargeGvaGroups) {
   }
 }
 
-// Serving batches of the engines' layout (VK, K = 128, the conv's 16-byte path): B = 34 rows of
+// Serving batches of the engines' layouts (K = 128, the conv's 16-byte path): B = 34 rows of
 // Qwen3-Next hold 35.7 MB of bf16 state, so on CUDA the group kernel (fused_group.cuh: one block
 // per row and q/k head, the GVA group's state streamed through stage buffers) runs wherever the
 // GPU has at most 145 SMs (plan_fused_group: 240 KiB of state per SM). Every state dtype,
 // T = 1..3, each addressing family, the cache, stochastic rounding, the norm with and without its
-// gate and without it, GVA groups of 2 and 4. (scripts/gpu_check.sh also runs the fused suites
-// with the group kernel forced wherever it applies.)
-TEST_P(Fused, ServingBatchOneBlockPerQkHead) {
-  if (backend() == Backend::kCpu)
+// gate and without it, GVA groups of 2 and 4; VK and KV each. (scripts/gpu_check.sh also runs the
+// fused suites with the group kernel forced wherever it applies.)
+void serving_batches(Backend backend, uint64_t seed, StateLayout layout) {
+  if (backend == Backend::kCpu)
     GTEST_SKIP() << "sized for the CUDA group kernel (a minute of oracle time on two cores); the CPU fused step's "
                     "paths are covered by FusedMatrix at smaller shapes";
-  GDN_SEED();
   struct Variant {
     const char* name;
     std::function<void(Config&)> set;
@@ -313,10 +312,22 @@ TEST_P(Fused, ServingBatchOneBlockPerQkHead) {
     cfg.qwen3_next_heads();
     cfg.state_dtype = kBFloat16;
     cfg.conv_inter = false;
+    cfg.layout = layout;
     v.set(cfg);
-    run_and_compare(backend(), make_case(cfg, seed));
+    run_and_compare(backend, make_case(cfg, seed));
     if (::testing::Test::HasFailure()) return;
   }
+}
+
+TEST_P(Fused, ServingBatchOneBlockPerQkHead) {
+  GDN_SEED();
+  serving_batches(backend(), seed, StateLayout::kVK);
+}
+
+// transformers' and FLA's layout.
+TEST_P(Fused, ServingBatchOneBlockPerQkHeadKv) {
+  GDN_SEED();
+  serving_batches(backend(), seed, StateLayout::kKV);
 }
 
 TEST_P(Fused, PaddingAndBadSlotsTouchNeitherPool) {

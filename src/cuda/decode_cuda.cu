@@ -623,47 +623,60 @@ int compute_capability_major() {
 }
 
 // The group kernel (fused_group.cuh): one block per (row, q/k head) streaming its GVA group's
-// state through NB stage buffers of kGroupRows rows; VK, K = 128, the conv's 16-byte layout,
-// T <= kMaxChunk. Against the cluster form, measured on the H100 (Qwen3-Next and Qwen3.5, pool,
-// T = 1, 2, 4, B = 4..256, one call per comparison; docs/design.md): it needs a grid of at least
+// state through NB stage buffers (VK: kGroupRows rows; KV: the K x VT tile of VT columns, 16 KB);
+// K = 128, the conv's 16-byte layout, T <= kMaxChunk. Against the cluster form, measured on the
+// H100 for VK (Qwen3-Next and Qwen3.5, pool, T = 1, 2, 4, B = 4..256, one call per comparison;
+// docs/design.md): it needs a grid of at least
 // 1.5 blocks per SM (B * H = 128 blocks lost everywhere but Qwen3.5 fp32 T = 2: Qwen3.5 bf16 T = 2
 // B = 8 20.8 -> 27.9 us, fp32 T = 4 B = 8 37.6 -> 40.6), and then at T <= 3 at least
 // kGroupMinStateBytesPerSm of state per SM (Qwen3-Next bf16 B = 16, 16 MB: T = 1 16.3 -> 17.8,
 // T = 2 18.6 -> 22.2; from 32 MB faster or level: fp32 B = 16 31.2 -> 24.2, Qwen3.5 bf16 B = 16
 // 33.7 -> 29.2, Qwen3-Next bf16 B = 64 58.8 -> 52.1, B = 32 level), at T >= 4 none (Qwen3-Next bf16
 // B = 16 38.5 -> 31.2). Below, the cluster form's more, smaller blocks fill the GPU sooner.
+// KV, measured on the H200 (both models, pool, vLLM's conv layout, T = 1, 2, 4, B = 4..32, group
+// forced against never in one call; docs/design.md): the same rule, but for 16-bit states at
+// T >= 2, where the cluster form keeps its rows in an fp32 work tile, from
+// kGroupKvMinStateBytesPerSm of state per SM on any grid (Qwen3-Next bf16 T = 2 B = 8, 8 MB in
+// 128 blocks: 27.9 -> 17.1 us; B = 4, 4 MB: 13.1 -> 16.4, lost; Qwen3.5 bf16 T = 2 B = 4, 8 MB:
+// 29.0 -> 26.3). fp32 keeps the grid condition (Qwen3.5 fp32 T = 2 B = 8, 128 blocks: 31.1 -> 35.7,
+// lost), T = 1 the bytes (Qwen3-Next bf16 B = 16, 16 MB: 15.4 -> 17.8, lost; B = 32 level).
 //   GDN_CUDA_FUSED_GROUP=0|1|2  0 never, 2 wherever it applies (the GPU tests force it), 1
 //                               (default) by the rule above.
 // Stage buffers: three of 16 KB for 16-bit states (two: 53.0 us at bf16 B = 64, three 51.7, four
 // 57.1 at two blocks per SM instead of three), two of 32 KB for fp32 (one to four within 1% at
-// Qwen3-Next, three and four 4-5% slower at Qwen3.5 B = 64).
+// Qwen3-Next, three and four 4-5% slower at Qwen3.5 B = 64); KV: three of 16 KB at every dtype.
 int fused_group_mode() {
   static const int v = env_int("GDN_CUDA_FUSED_GROUP", 1);
   return v;
 }
 constexpr int64_t kGroupMinStateBytesPerSm = 240 * 1024;
+constexpr int64_t kGroupKvMinStateBytesPerSm = 48 * 1024;
 
 template <typename S>
 bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
   const int mode = fused_group_mode();
-  if (mode == 0 || p.layout_kv || p.K != 128 || p.V % kGroupRows != 0 || p.T > kMaxChunk) return false;
+  const int rt = p.layout_kv ? GroupKvShape<S, 128>::VT : kGroupRows;  // stage rows (KV: columns)
+  if (mode == 0 || p.K != 128 || p.V % rt != 0 || p.T > kMaxChunk) return false;
   const ConvPath conv = fused_conv_path(f, 1);
   if (conv == kConvScalar) return false;
   const int64_t blocks = p.B * p.H;
   const int64_t state_bytes = p.B * p.HV * p.V * p.K * static_cast<int64_t>(sizeof(S));
-  const bool pays = 2 * blocks >= 3 * sm_count() && (p.T >= 4 || state_bytes >= kGroupMinStateBytesPerSm * sm_count());
+  const bool pays = p.layout_kv && sizeof(S) < 4 && p.T >= 2
+                        ? state_bytes >= kGroupKvMinStateBytesPerSm * sm_count()
+                        : 2 * blocks >= 3 * sm_count() && (p.T >= 4 || state_bytes >= kGroupMinStateBytesPerSm * sm_count());
   if (mode == 1 && !pays) return false;
   const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
-  const int tiles = V / kGroupRows;
-  const int nb = std::min(sizeof(S) == 4 ? 2 : 3, group * tiles);
+  const int tiles = V / rt;
+  const int nb = std::min(sizeof(S) == 4 && !p.layout_kv ? 2 : 3, group * tiles);
   const bool norm = f.norm_weight.data != nullptr;
   const bool norm_vec = norm && fused_norm_vec_ok(f, V);
   const int zb = norm_vec && f.z.data != nullptr ? dtype_bytes_host(f.z.dtype) : 0;
   const int wb = norm_vec ? dtype_bytes_host(f.norm_weight.dtype) : 0;
   const FusedGroupSmem lay(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L),
                            conv == kConvCm,
-                           kGroupRows, nb, static_cast<int>(sizeof(S)), norm, zb, wb);
+                           rt, nb, static_cast<int>(sizeof(S)), norm, zb, wb,
+                           p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0);
   if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
   lp = LaunchPlan{};
   lp.group = true;
@@ -673,7 +686,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   lp.rows_per_thread = kGroupRR;
   lp.blocks = blocks;
   lp.smem = static_cast<size_t>(lay.total);
-  lp.geo.tile_rows = kGroupRows;
+  lp.geo.tile_rows = rt;
   lp.geo.tiles = tiles;
   lp.geo.buffers = nb;
   lp.geo.chunk = T;
@@ -681,7 +694,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   lp.geo.conv_vec = true;
   lp.geo.conv_cm = conv == kConvCm;
   lp.geo.norm_vec = norm_vec;
-  lp.geo.prefetch = false;  // a grid of several waves (kGroupMinStateBytesPerSm)
+  lp.geo.prefetch = false;  // the group kernel has no L2 prefetch
   lp.pdl = pdl_enabled();
   return true;
 }

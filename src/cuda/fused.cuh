@@ -1,7 +1,7 @@
 // The fused layer step (gdn::fused_decode, docs/semantics.md section 6) on the tile kernels
 // (the cluster form): the pieces that replace the q/k/v staging (the causal conv and SiLU), write
-// the conv state, and apply the gated RMSNorm to the output. Grids that fill the GPU with the
-// engines' layout take the group kernel instead (fused_group.cuh).
+// the conv state, and apply the gated RMSNorm to the output. Grids that fill the GPU (K = 128, the
+// conv's 16-byte path, either state layout) take the group kernel instead (fused_group.cuh).
 //
 // A block of a tile kernel owns one (row n, value head hv, tile): it needs the whole q and k
 // vectors of hv's q/k head h and v's channels of its tile. The blocks of one (n, h) — the
@@ -191,11 +191,18 @@ __device__ __forceinline__ int rotated_tid(int w) {
   return (static_cast<int>(threadIdx.x) + NT - (32 * w) % NT) % NT;
 }
 
+// The conv's 16-byte window area, in 16-byte pieces of 8 channels, for G groups of 8 channels:
+// the window rows [wl][G], the taps [G][W], the bias [G], then (channel-major, cm = L) the raw
+// columns' scratch [G][cm]. The one account of that layout: the cluster form's region
+// (fused_win_floats), the group kernel's (FusedGroupSmem) and the scratch's start
+// (conv_cm_scratch) all take it from here.
+__host__ __device__ constexpr int conv_win_pieces(int G, int wl, int W, int cm) { return G * (wl + W + 1 + cm); }
+
 // Floats of the window region: fp32 windows (the generic path), or the 16-byte path's raw
 // 16-bit windows, taps and bias, 8 channels per 16-byte vector (channel-major: and the raw
 // columns' scratch).
 __host__ __device__ constexpr int fused_win_floats(const FusedShare& s, int W) {
-  const int f32 = s.wl * s.own, raw16 = s.own / 2 * (s.wl + W + 1 + s.cm);
+  const int f32 = s.wl * s.own, raw16 = conv_win_pieces(s.own, s.wl, W, s.cm) / 2;  // own / 8 groups of 4 floats
   return round4(f32 > raw16 ? f32 : raw16);
 }
 
@@ -441,10 +448,10 @@ __device__ __forceinline__ void conv_vec_issue_columns(const FusedProblem& f, ui
 }
 
 // Channel-major: where the raw columns' scratch [G][L] begins in the 16-byte path's window area
-// (rows [wl][G], taps [G][W], bias [G], then the scratch; host: fused_share, FusedGroupSmem).
+// (conv_win_pieces).
 template <class P>
 __device__ __forceinline__ P* conv_cm_scratch(P* win, int G, int wl, int W) {
-  return win + G * (wl + W + 1);
+  return win + conv_win_pieces(G, wl, W, 0);
 }
 
 // Channel-major, group kernel: the landed raw columns (group g's 8L elements in `scratch`, channel

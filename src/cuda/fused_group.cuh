@@ -10,12 +10,19 @@
 // of RT rows each ("stages": RT rows of one value head), the next stages landing while the
 // current one computes. The conv itself runs while the first NB stages are in flight.
 //
-// The engines' layout only (host: plan_fused_group): VK state, K = 128, 16-byte state rows, the
-// conv's 16-byte path (mixed_qkv, conv state and taps of one 16-bit dtype; the conv state
-// channels-contiguous or channel-major packed, fused_conv_path).
-// Other calls take the cluster form.
+// Both state layouts (kKv). VK: a stage is RT = kGroupRows rows of one value head, each
+// thread holding RR rows of a K-slice (vk_step's math). KV: a stage is the K x VT tile of VT
+// columns of one value head (16 KB: VT = 64 at 16-bit states, 32 at fp32), each thread holding
+// K / 16 rows of one 16-byte column vector (GroupKvShape; the KV tile kernel's math, kv.cuh) and
+// copying exactly the pieces it later reads, so a stage needs no barrier to land or to be
+// reused; the per-token sums cross the block through kv_reduce's shared buffers.
+//
+// Host: plan_fused_group. K = 128, 16-byte state rows, the conv's 16-byte path (mixed_qkv, conv
+// state and taps of one 16-bit dtype; the conv state channels-contiguous or channel-major packed,
+// fused_conv_path). Other calls take the cluster form.
 #pragma once
 
+#include "kv.cuh"
 #include "vk.cuh"
 
 namespace gdn::detail::cuda {
@@ -24,12 +31,16 @@ constexpr int kGroupThreads = kVkThreads;
 constexpr int kGroupRR = 4;                                   // state rows per thread
 constexpr int kGroupRows = kGroupRR * (kGroupThreads / 8);    // RT at K = 128: 64 rows, one pass
 constexpr int kGroupMaxBuffers = 4;
+// KV: 8 lanes of 16 bytes along V (a 128-byte line of each row per warp instruction), K / 16
+// rows per thread at 128 threads.
+template <typename S, int K>
+using GroupKvShape = KvShape<S, K, kGroupThreads, 8>;
 
 // Byte offsets of the block's shared memory, each region 16-byte aligned. Host and device build
 // it from the same numbers (plan_fused_group, fused_group_kernel).
 struct FusedGroupSmem {
-  int buf = 0;   // [NB][RT][K] state stages, S
-  int q, k;      // [T][K] fp32 conv outputs at VkShape::Pos positions
+  int buf = 0;   // [NB][RT][K] state stages, S (KV: [NB][K][RT], RT = VT columns)
+  int q, k;      // [T][K] fp32 conv outputs at the layout's Pos positions (VkShape, KvShape)
   int v;         // [T][group * V] fp32
   int tok;       // [group][T][kTokScalars]
   int win;       // uint4 [wl][G8] raw windows, [G8][W] taps, [G8] bias (channel-major: [G8][L] raw columns)
@@ -37,13 +48,14 @@ struct FusedGroupSmem {
   int z;         // [group][T][V] raw z (norm with 16-byte rows and a gate)
   int wn;        // [V] raw norm_weight (norm with 16-byte rows)
   int fac;       // [group][T] the norm's factors
+  int red;       // KV: kv_reduce's double-buffered partial sums (red_floats)
   int ws;        // int64 [T] conv write slots
   int total;
   int G8;        // groups of 8 conv channels: (2K + group V) / 8
   int wl;        // window rows: old columns first..L-1, then the T inputs
   static constexpr __host__ __device__ int up16(int b) { return (b + 15) / 16 * 16; }
   __host__ __device__ FusedGroupSmem(int K, int V, int group, int T, int W, int L, bool cm, int rt, int nb,
-                                     int state_bytes, bool norm, int z_bytes, int wn_bytes) {
+                                     int state_bytes, bool norm, int z_bytes, int wn_bytes, int red_floats) {
     G8 = (2 * K + group * V) / 8;
     wl = L - conv_first_col(L, W) + T;
     q = up16(nb * rt * K * state_bytes);
@@ -51,11 +63,12 @@ struct FusedGroupSmem {
     v = k + up16(T * K * 4);
     tok = v + up16(T * group * V * 4);
     win = tok + up16(group * T * kTokScalars * 4);
-    o = win + G8 * 16 * (wl + W + 1 + (cm ? L : 0));
+    o = win + 16 * conv_win_pieces(G8, wl, W, cm ? L : 0);
     z = o + (norm ? up16(group * T * V * 4) : 0);
     wn = z + (norm ? up16(group * T * V * z_bytes) : 0);
     fac = wn + (norm ? up16(V * wn_bytes) : 0);
-    ws = fac + (norm ? up16(group * T * 4) : 0);
+    red = fac + (norm ? up16(group * T * 4) : 0);
+    ws = red + up16(red_floats * 4);
     total = ws + kMaxChunk * 8;
   }
 };
@@ -90,8 +103,9 @@ __device__ __forceinline__ int64_t group_channel(const Problem& p, int64_t h, in
 }
 
 // The conv and SiLU of channels 2 * sub, +1 of 8-channel group g at token t (the inputs landed):
-// q and k at their Pos positions, v in order.
-template <typename S, int K, int kW>
+// q and k at their Pos positions (kPairs: an even channel and the next are adjacent there, VK;
+// KV spreads them), v in order.
+template <class Pos, bool kPairs, int K, int kW>
 __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const FusedGroupSmem& lay, char* base, int g,
                                                 int sub, int t, int gV) {
   const int G8 = lay.G8;
@@ -106,29 +120,85 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Fus
   const uint32_t* const x = win + (row0 * G8 + g) * 4 + sub;
   const float2 y = conv_vec_pair<kW>(taps, bias, [&](int k) { return x[k * G8 * 4]; }, f.x.dtype);
   const int c = g * 8 + 2 * sub;
-  using Pos = typename VkShape<S, K, 1>::Pos;
-  float* dst;
-  if (c < K) {
-    dst = reinterpret_cast<float*>(base + lay.q) + t * K + Pos{}(c);  // c, c + 1 adjacent (even c)
-  } else if (c < 2 * K) {
-    dst = reinterpret_cast<float*>(base + lay.k) + t * K + Pos{}(c - K);
-  } else {
-    dst = reinterpret_cast<float*>(base + lay.v) + t * gV + (c - 2 * K);
+  if (c >= 2 * K) {
+    *reinterpret_cast<float2*>(reinterpret_cast<float*>(base + lay.v) + t * gV + (c - 2 * K)) = y;
+    return;
   }
-  *reinterpret_cast<float2*>(dst) = y;
+  float* const row = reinterpret_cast<float*>(base + (c < K ? lay.q : lay.k)) + t * K;
+  const int e = c < K ? c : c - K;
+  if constexpr (kPairs) {
+    *reinterpret_cast<float2*>(row + Pos{}(e)) = y;
+  } else {
+    row[Pos{}(e)] = y.x;
+    row[Pos{}(e + 1)] = y.y;
+  }
+}
+
+// KV: the T tokens of one stage (value head hv; col: the thread's first column), the thread's RPT
+// rows of its column vector in st (rows i * KG + kg). The per-token math is the KV tile kernel's
+// (decode_kv_tile_kernel) on rows held in registers, as in the general KV kernel, whose stores it
+// shares (kv_store_rows). sm: the q, k and the head's token scalars; vcol: v of the thread's
+// columns, token t at + t * gV; o_head: the head's raw outputs [T][V] (kNorm). par: kv_reduce's
+// buffer parity, carried across stages (no barrier separates two stages' tokens).
+template <typename S, int K, bool kNorm, bool kSr>
+__device__ __forceinline__ void kv_group_tokens(const Problem& p, const WarpSlots& slots, int64_t n, int64_t hv,
+                                                int64_t col, float (&st)[GroupKvShape<S, K>::RPT][kVecElems<S>],
+                                                const StageSmem& sm, const float* vcol, int gV, float* o_head,
+                                                float* red, int& par, int warp, int vl, int kgw, int kg) {
+  using Sh = GroupKvShape<S, K>;
+  constexpr int VE = Sh::VE, RPT = Sh::RPT;
+  const int T = sm.chunk;
+  for (int t = 0; t < T; ++t, par ^= 1) {
+    float qv[RPT], kv[RPT];
+    load_smem_row<RPT>(sm.q + t * K + kg * RPT, qv);
+    load_smem_row<RPT>(sm.k + t * K + kg * RPT, kv);
+    float sk[VE], sq[VE];
+#pragma unroll
+    for (int c = 0; c < VE; ++c) sk[c] = sq[c] = 0.f;
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+#pragma unroll
+      for (int c = 0; c < VE; ++c) {
+        sk[c] = fmaf(st[i][c], kv[i], sk[c]);
+        sq[c] = fmaf(st[i][c], qv[i], sq[c]);
+      }
+    }
+    kv_reduce<Sh>(red, par, warp, vl, kgw, sk, sq);
+    float o[VE], dk[VE], g;
+    kv_delta<VE>(sm, t, vcol + t * gV, sk, sq, o, dk, g);
+    load_smem_row<RPT>(sm.k + t * K + kg * RPT, kv);  // again: not held across the reduction
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+#pragma unroll
+      for (int c = 0; c < VE; ++c) st[i][c] = fmaf(g, st[i][c], dk[c] * kv[i]);
+    }
+    if (kg == 0) {
+      if constexpr (kNorm) {
+#pragma unroll
+        for (int c = 0; c < VE; c += 4)
+          *reinterpret_cast<float4*>(o_head + t * p.V + col + c) = make_float4(o[c], o[c + 1], o[c + 2], o[c + 3]);
+      } else {
+        kv_store_o<VE>(p, n, t, hv, col, o);
+      }
+    }
+    kv_store_rows<S, true, kSr, Sh::KG>(p, slots, n, t, hv, col, warp_token_write_slot(p, slots, n, t), kg, st);
+  }
 }
 
 // Registers for three resident blocks per SM (168; shared memory allows three at 16-bit states and
 // T = 1, fewer at fp32 and longer T): a cap of 128 for four was slower everywhere
 // (bf16 B = 64 52.5 -> 60.8 us, fp32 83.1 -> 89.4; docs/design.md).
-// kSr: the stochastic-rounding store compiled in (as decode's kernels, vk_launch.cuh).
-template <typename S, int K, bool kNorm, bool kSr = true>
+// kSr: the stochastic-rounding store compiled in (as decode's kernels, vk_launch.cuh). kKv: the
+// KV layout (geo.tile_rows is then the stage's VT columns).
+template <typename S, int K, bool kNorm, bool kSr = true, bool kKv = false>
 __global__ void __launch_bounds__(kGroupThreads, 3)
     fused_group_kernel(const __grid_constant__ FusedProblem f, const Geometry geo) {
   constexpr int NT = kGroupThreads, RR = kGroupRR;
   using Sh = VkShape<S, K, 1>;
+  using Kv = GroupKvShape<S, K>;
   constexpr int VE = Sh::VE, NV = Sh::NV, L = Sh::L, G = Sh::G, PR = K / VE;
   static_assert(G * RR == kGroupRows || K != 128);
+  static_assert(!kKv || Kv::LV * Kv::KG == NT);
   const Problem& p = f.step;
   const int T = static_cast<int>(p.T), V = static_cast<int>(p.V), W = static_cast<int>(f.W);
   const int Lc = static_cast<int>(f.L);
@@ -139,7 +209,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   const int zs = f.z.dtype == DType::kF32 ? 4 : 2, wns = f.norm_weight.dtype == DType::kF32 ? 4 : 2;
   const int cm = geo.conv_cm ? Lc : 0;
   const FusedGroupSmem lay(K, V, group, T, W, Lc, cm > 0, RT, NB, static_cast<int>(sizeof(S)), kNorm,
-                           norm_vec && f.z.data != nullptr ? zs : 0, norm_vec ? wns : 0);
+                           norm_vec && f.z.data != nullptr ? zs : 0, norm_vec ? wns : 0, kKv ? Kv::kRedFloats : 0);
 
   extern __shared__ float4 smem4[];
   char* const base = reinterpret_cast<char*>(smem4);
@@ -154,7 +224,8 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   int64_t* const ws_s = reinterpret_cast<int64_t*>(base + lay.ws);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
-  const int rg = tid / L, j = tid % L;  // row group and lane within the row (VkShape)
+  const int rg = tid / L, j = tid % L;  // VK: row group and lane within the row (VkShape)
+  const int vl = lane % Kv::LV, kgw = lane / Kv::LV, kg = warp * Kv::KGW + kgw;  // KV (KvShape)
   const uint32_t bx = blockIdx.x, H32 = static_cast<uint32_t>(p.H);
   const int64_t n = bx / H32, h = bx - static_cast<uint32_t>(n) * H32;
   const int64_t hv0 = h * group;
@@ -213,13 +284,21 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   const auto issue_stage = [&](int s) {
     if (s < NS) {
       const int hi = s / tiles;
-      const int64_t row0 = static_cast<int64_t>(s - hi * tiles) * RT;
-      const S* const src = static_cast<const S*>(p.state.data) + slots.read * p.state.s[0] +
-                           (hv0 + hi) * p.state.s[1] + row0 * p.state.s[2];
+      const int64_t r0 = static_cast<int64_t>(s - hi * tiles) * RT;  // VK: the first row; KV: column
+      const S* const head = static_cast<const S*>(p.state.data) + slots.read * p.state.s[0] + (hv0 + hi) * p.state.s[1];
       S* const dst = buf + (s % NB) * RT * K;
-      for (int i = tid; i < RT * PR; i += NT) {
-        const int r = i / PR, c = i - r * PR;
-        cp_async16(dst + r * K + c * VE, src + r * p.state.s[2] + c * VE);
+      if constexpr (kKv) {  // this thread's own rows i * KG + kg of its column vector
+#pragma unroll
+        for (int i = 0; i < Kv::RPT; ++i) {
+          const int r = i * Kv::KG + kg;
+          cp_async16(dst + r * RT + vl * VE, head + r * p.state.s[2] + r0 + vl * VE);
+        }
+      } else {
+        const S* const src = head + r0 * p.state.s[2];
+        for (int i = tid; i < RT * PR; i += NT) {
+          const int r = i / PR, c = i - r * PR;
+          cp_async16(dst + r * K + c * VE, src + r * p.state.s[2] + c * VE);
+        }
       }
     }
     cp_async_commit();
@@ -242,15 +321,16 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
 
   for (int item = tid; item < G8 * 4 * T; item += NT) {
     const int sub = item & 3, g = (item >> 2) % G8, t = item / (4 * G8);
+    using Pos = std::conditional_t<kKv, typename Kv::Pos, typename Sh::Pos>;
     switch (W) {
       case 2:
-        group_conv_item<S, K, 2>(f, lay, base, g, sub, t, gV);
+        group_conv_item<Pos, !kKv, K, 2>(f, lay, base, g, sub, t, gV);
         break;
       case 3:
-        group_conv_item<S, K, 3>(f, lay, base, g, sub, t, gV);
+        group_conv_item<Pos, !kKv, K, 3>(f, lay, base, g, sub, t, gV);
         break;
       default:
-        group_conv_item<S, K, 4>(f, lay, base, g, sub, t, gV);
+        group_conv_item<Pos, !kKv, K, 4>(f, lay, base, g, sub, t, gV);
         break;
     }
   }
@@ -279,37 +359,62 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   for (int g = tid; g < G8; g += NT)
     conv_vec_store_group(f, win, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
 
-  // The stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
-  for (int s = 0; s < NS; ++s) {
-    const int hi = s / tiles;
-    const int64_t hv = hv0 + hi;
-    const int64_t row0 = static_cast<int64_t>(s - hi * tiles) * RT;
-    cp_async_wait_pending(NB - 1);  // stage s landed (this thread's part)
-    __syncthreads();                // every part, and (s = 0) the token scalars
-    const S* const tile = buf + (s % NB) * RT * K;
-    float st[RR][16];
+  if constexpr (kKv) {
+    // The stages: value head hi = s / tiles, columns (s % tiles) * VT on. A thread waits for its
+    // own pieces only; the token scalars (written above by other warps) need one barrier.
+    __syncthreads();
+    float* const red = reinterpret_cast<float*>(base + lay.red);
+    int par = 0;
+    for (int s = 0; s < NS; ++s) {
+      const int hi = s / tiles;
+      const int64_t col = static_cast<int64_t>(s - hi * tiles) * RT + vl * VE;
+      cp_async_wait_pending(NB - 1);
+      const S* const tile = buf + (s % NB) * RT * K + vl * VE;
+      float st[Kv::RPT][VE];
 #pragma unroll
-    for (int r = 0; r < RR; ++r)
+      for (int i = 0; i < Kv::RPT; ++i) load_state_vec<S, true>(tile + (i * Kv::KG + kg) * RT, st[i]);
+      issue_stage(s + NB);
+      StageSmem sm{};
+      sm.q = q_s;
+      sm.k = k_s;
+      sm.tok = tok_s + hi * T * kTokScalars;
+      sm.chunk = T;
+      kv_group_tokens<S, K, kNorm, kSr>(p, slots, n, hv0 + hi, col, st, sm, v_s + hi * V + col, gV,
+                                        o_s + hi * T * V, red, par, warp, vl, kgw, kg);
+    }
+  } else {
+    // VK: the stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
+    for (int s = 0; s < NS; ++s) {
+      const int hi = s / tiles;
+      const int64_t hv = hv0 + hi;
+      const int64_t row0 = static_cast<int64_t>(s - hi * tiles) * RT;
+      cp_async_wait_pending(NB - 1);  // stage s landed (this thread's part)
+      __syncthreads();                // every part, and (s = 0) the token scalars
+      const S* const tile = buf + (s % NB) * RT * K;
+      float st[RR][16];
 #pragma unroll
-      for (int i = 0; i < NV; ++i) load_state_vec<S, true>(tile + (rg + r * G) * K + (i * L + j) * VE, &st[r][i * VE]);
-    __syncthreads();  // every thread holds its rows: the buffer takes stage s + NB
-    issue_stage(s + NB);
+      for (int r = 0; r < RR; ++r)
+#pragma unroll
+        for (int i = 0; i < NV; ++i) load_state_vec<S, true>(tile + (rg + r * G) * K + (i * L + j) * VE, &st[r][i * VE]);
+      __syncthreads();  // every thread holds its rows: the buffer takes stage s + NB
+      issue_stage(s + NB);
 
-    StageSmem sm{};
-    sm.q = q_s;
-    sm.k = k_s;
-    sm.tok = tok_s + hi * T * kTokScalars;
-    sm.v = v_s;
-    sm.chunk = T;
-    const float* const vrow = v_s + hi * V + row0 + rg;  // token t at + t * gV
-    float* const o_head = o_s + hi * T * V;
-    float gam_acc = 1.f;
-    for (int t = 0; t < T; ++t) {
-      for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
-        vk_step<S, K, RR, true, true, 0, float, kNorm, kSr>(p, slots, n, hv, t, row0 + rg, j, st, gam_acc, sm, t,
-                                                       vrow + t * gV, o_head, 0, V);
-      vk_step<S, K, RR, true, false, 0, float, kNorm, kSr>(p, slots, n, hv, t, row0 + rg, j, st, gam_acc, sm, t,
-                                                      vrow + t * gV, o_head, 0, V);
+      StageSmem sm{};
+      sm.q = q_s;
+      sm.k = k_s;
+      sm.tok = tok_s + hi * T * kTokScalars;
+      sm.v = v_s;
+      sm.chunk = T;
+      const float* const vrow = v_s + hi * V + row0 + rg;  // token t at + t * gV
+      float* const o_head = o_s + hi * T * V;
+      float gam_acc = 1.f;
+      for (int t = 0; t < T; ++t) {
+        for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
+          vk_step<S, K, RR, true, true, 0, float, kNorm, kSr>(p, slots, n, hv, t, row0 + rg, j, st, gam_acc, sm, t,
+                                                         vrow + t * gV, o_head, 0, V);
+        vk_step<S, K, RR, true, false, 0, float, kNorm, kSr>(p, slots, n, hv, t, row0 + rg, j, st, gam_acc, sm, t,
+                                                        vrow + t * gV, o_head, 0, V);
+      }
     }
   }
 

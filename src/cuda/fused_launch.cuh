@@ -54,6 +54,13 @@ template <typename S, int K, bool kNorm, bool kSr, typename Act>
 cudaError_t fused_kv_k(const LaunchPlan& lp, const Act& act) {
   using W = KvTileWide<S, K>;
   using Fz = Fuse<kNorm>;
+  if (lp.group) {
+    if constexpr (K == 128) {
+      return act.template run<fused_group_kernel<S, K, kNorm, kSr, true>>();
+    } else {
+      return cudaErrorInvalidConfiguration;  // planned for K = 128 only
+    }
+  }
   if (lp.kv_lanes16) {
     if constexpr (sizeof(S) == 4) {
       return act.template run<decode_kv_tile_kernel<S, K, kKvFusedLanes16Threads, 16, Fz, kSr>>();

@@ -117,6 +117,31 @@ __device__ __forceinline__ void kv_delta(const StageSmem& sm, int t, const float
   }
 }
 
+// The stores of one token's updated rows held in registers (row i * KG + kg in st[i], VE columns
+// from col): to the cache (inter) and to the token's write slot (wslot: warp_token_write_slot),
+// either or both. Stochastic rounding: element (k, v) is e = k * V + v. Shared by the general KV
+// kernel and the fused step's group kernel (fused_group.cuh); kVec: 16-byte stores.
+template <typename S, bool kVec, bool kSr, int KG, int RPT, int VE>
+__device__ __forceinline__ void kv_store_rows(const Problem& p, const WarpSlots& slots, int64_t n, int64_t tt,
+                                              int64_t hv, int64_t col, int64_t wslot, int kg,
+                                              const float (&st)[RPT][VE]) {
+  const bool to_inter = p.inter.data != nullptr;
+  if (!to_inter && wslot < 0) return;
+  S* const inter = static_cast<S*>(p.inter.data);
+  S* const state = static_cast<S*>(p.state.data);
+  const int64_t ib = n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] + col;
+  const int64_t pb = wslot * p.state.s[0] + hv * p.state.s[1] + col;
+  const bool sr = kSr && p.rounding_seed != nullptr;
+  const uint32_t key = sr ? sr_key(slots.sr_row, hv, tt) : 0u;
+#pragma unroll
+  for (int i = 0; i < RPT; ++i) {
+    const int64_t row = i * KG + kg;
+    const Packed<S> pk = round_state_vec<S>(st[i], sr, key, row * p.V + col);
+    if (to_inter) store_state_vec<S, kVec>(inter + ib + row * p.inter.s[3], pk);
+    if (wslot >= 0) store_state_vec<S, kVec>(state + pb + row * p.state.s[2], pk);
+  }
+}
+
 template <int VE>
 __device__ __forceinline__ void kv_store_o(const Problem& p, int64_t n, int64_t tt, int64_t hv,
                                            int64_t col, const float (&o)[VE]) {
@@ -218,23 +243,8 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
         for (int c = 0; c < VE; ++c) st[i][c] = fmaf(g, st[i][c], dk[c] * kv[i]);
       }
       if (kg == 0 && col_ok) kv_store_o<VE>(p, n, tt, hv, col, o);
-
-      const int64_t wslot = warp_token_write_slot(p, slots, n, tt);
-      const bool to_inter = p.inter.data != nullptr;
-      if (col_ok && (to_inter || wslot >= 0)) {
-        S* const inter = static_cast<S*>(p.inter.data);
-        const int64_t ib = n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] + col;
-        const int64_t pb = wslot * ss0 + hv * ss1 + col;
-        const bool sr = kSr && p.rounding_seed != nullptr;  // element (k, v): e = k * V + v
-        const uint32_t key = sr ? sr_key(slots.sr_row, hv, tt) : 0u;
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-          const int64_t row = i * KG + kg;
-          const Packed<S> pk = round_state_vec<S>(st[i], sr, key, row * p.V + col);
-          if (to_inter) store_state_vec<S, kVec>(inter + ib + row * p.inter.s[3], pk);
-          if (wslot >= 0) store_state_vec<S, kVec>(state + pb + row * ss2, pk);
-        }
-      }
+      const int64_t wslot = warp_token_write_slot(p, slots, n, tt);  // every lane
+      if (col_ok) kv_store_rows<S, kVec, kSr, KG>(p, slots, n, tt, hv, col, wslot, kg, st);
     }
   }
 }
