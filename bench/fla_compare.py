@@ -24,7 +24,8 @@ conv taps [D, 4], z [B, T, HV, V], norm weight [V]; raw gates; q/k L2 norm in ke
                 new conv state in a fresh tensor) stands in, and that state is copied back into
                 the pool (a third kernel);
   fused_us      gdn.fused_decode doing the same work in one call, on the same conv state tensor
-                (FLA's [B, D, 4] layout: channels strided, so gdn's generic conv path);
+                (FLA's [B, D, 4] layout: each channel's columns contiguous, gdn's channel-major
+                16-byte conv path);
   fused_vllm_us the same with the conv state in vLLM's [B, 3, D] memory (a [B, D, 3] view, the
                 layout of gdn bench --op fused: gdn's 16-byte conv path).
 Before timing, each configuration runs the chain and both fused calls once from copies of the
@@ -114,7 +115,7 @@ GATING = ("raw a, b, A_log, dt_bias to both; gate, beta sigmoid and q/k L2 norm 
 CHAIN_ENTRY = ("chain: fla.modules.causal_conv1d.causal_conv1d_update(x [B, 1, D], cache [B, D, 4] updated in "
                "place, weight [D, 4], activation='silu') (T > 1: causal_conv1d(initial_state=cache, "
                "output_final_state=True, activation='silu') then cache.copy_(final state)) -> gdn.decode(q, k, v "
-               "views of its output, raw gates, use_qk_l2norm=True, layout='VK', o preallocated) -> "
+               "views of its output, raw gates, use_qk_l2norm=True, the state in --layout, o preallocated) -> "
                "fla.modules.fused_norm_gate.rms_norm_gated(o, z, norm_weight, activation='silu', eps=1e-6) "
                "(norm before gate, allocates its output); fused: gdn.fused_decode(mixed_qkv, conv_weight, the "
                "same conv state [B, D, 4], norm_weight, z, norm_eps=1e-6, the same gates); fused_vllm: the same "
@@ -195,9 +196,10 @@ def run_gdn(x, state, o, g=None, beta=None, slots=None, layout="VK"):
                       use_qk_l2norm=True, read_slots=rs, write_slots=ws)
 
 
-def run_chain(sh, f, state, conv_state, o):
+def run_chain(sh, f, state, conv_state, o, layout="VK"):
     """FLA's conv update -> gdn.decode on views of its output (into o) -> FLA's gated RMSNorm;
-    returns the norm's output. conv_state [B, D, W] is FLA's layout and is updated in place."""
+    returns the norm's output. conv_state [B, D, W] is FLA's layout and is updated in place;
+    `state` is in `layout`."""
     x = f["mixed_qkv"]
     if x.shape[1] == 1:
         y, _ = fla_conv_update(x, conv_state, weight=f["conv_weight"], activation="silu")
@@ -206,17 +208,17 @@ def run_chain(sh, f, state, conv_state, o):
                             activation="silu")
         conv_state.copy_(final)
     q, k, v = split_qkv(sh, y)
-    run_gdn(dict(f, q=q, k=k, v=v), state, o)
+    run_gdn(dict(f, q=q, k=k, v=v), state, o, layout=layout)
     return fla_norm_gated(o, f["z"], f["norm_weight"], None, activation="silu", eps=NORM_EPS)
 
 
-def fused_kwargs(sh, f):
+def fused_kwargs(sh, f, layout="VK"):
     return dict(norm_weight=f["norm_weight"], z=f["z"], norm_eps=NORM_EPS, a=f["a"], b=f["b"], A_log=f["A_log"],
-                dt_bias=f["dt_bias"], layout="VK", scale=sh.K ** -0.5, use_qk_l2norm=True)
+                dt_bias=f["dt_bias"], layout=layout, scale=sh.K ** -0.5, use_qk_l2norm=True)
 
 
-def run_fused(sh, f, state, conv_state, o):
-    return gdn.fused_decode(f["mixed_qkv"], f["conv_weight"], conv_state, state, o, **fused_kwargs(sh, f))
+def run_fused(sh, f, state, conv_state, o, layout="VK"):
+    return gdn.fused_decode(f["mixed_qkv"], f["conv_weight"], conv_state, state, o, **fused_kwargs(sh, f, layout))
 
 
 def vllm_conv_pool(B, D, dtype=torch.bfloat16):
@@ -254,20 +256,20 @@ def cross_check(gen, sh=MODELS["qwen3-next"], B=4, T=2, layouts=("VK",)):
     return out
 
 
-def check_fused(sh, f, state, conv_state):
+def check_fused(sh, f, state, conv_state, layout="VK"):
     """The chain, the fused step on the same conv state layout and the fused step on vLLM's layout,
-    each once from copies of `state` and `conv_state` ([B, D, W], FLA's layout); returns the
-    comparisons of o, the state and the conv state, and "ok"."""
+    each once from copies of `state` (in `layout`) and `conv_state` ([B, D, W], FLA's layout);
+    returns the comparisons of o, the state and the conv state, and "ok"."""
     B, T = f["mixed_qkv"].shape[:2]
     o_shape = (B, T, sh.HV, sh.V)
     s_c, c_c = state.clone(), conv_state.clone()
-    o_c = run_chain(sh, f, s_c, c_c, torch.empty(o_shape, dtype=torch.bfloat16, device=DEV))
+    o_c = run_chain(sh, f, s_c, c_c, torch.empty(o_shape, dtype=torch.bfloat16, device=DEV), layout)
     s_f, c_f = state.clone(), conv_state.clone()
-    o_f = run_fused(sh, f, s_f, c_f, torch.empty(o_shape, dtype=torch.bfloat16, device=DEV))
+    o_f = run_fused(sh, f, s_f, c_f, torch.empty(o_shape, dtype=torch.bfloat16, device=DEV), layout)
     c_v = vllm_conv_pool(B, sh.D)
     c_v.copy_(conv_state[:, :, 1:])  # the W - 1 columns the step reads (FLA keeps W, the oldest unused)
     s_v = state.clone()
-    o_v = run_fused(sh, f, s_v, c_v, torch.empty(o_shape, dtype=torch.bfloat16, device=DEV))
+    o_v = run_fused(sh, f, s_v, c_v, torch.empty(o_shape, dtype=torch.bfloat16, device=DEV), layout)
     # conv states hold copies of bf16 inputs in all three: bit-identical
     r = {"o": diff(o_f, o_c), "state": diff(s_f, s_c), "conv_state_equal": torch.equal(c_f, c_c)}
     v = r["vllm_layout"] = {"o": diff(o_v, o_f), "state": diff(s_v, s_f),
@@ -431,7 +433,7 @@ def fla_tuned_configs():
         return None
 
 
-def bench_fused(model, state_name, T, B, args, l2, tbs, gen):
+def bench_fused(model, state_name, T, B, args, l2, tbs, gen, layout="VK"):
     sh = MODELS[model]
     es = 2 if state_name == "bf16" else 4
     conv_bytes = B * sh.D * CONV_W * 2  # FLA's layout keeps W columns (vLLM's W - 1)
@@ -441,7 +443,7 @@ def bench_fused(model, state_name, T, B, args, l2, tbs, gen):
     floor_us = nbytes / (tbs * 1e12) * 1e6
     N, calls = rotation(touched, floor_us, args, l2)
     f = make_fused_inputs(sh, B, T, gen)
-    states = [uniform((B, sh.HV, sh.V, sh.K), 0.1732, DTYPES[state_name], gen) for _ in range(N)]
+    states = [uniform(state_shape(sh, B, layout), 0.1732, DTYPES[state_name], gen) for _ in range(N)]
     convs = [uniform((B, sh.D, CONV_W), 3 ** 0.5, torch.bfloat16, gen) for _ in range(N)]
     vconvs = [vllm_conv_pool(B, sh.D) for _ in range(N)]
     for cf, cv in zip(convs, vconvs):
@@ -449,20 +451,24 @@ def bench_fused(model, state_name, T, B, args, l2, tbs, gen):
     o = torch.empty((B, T, sh.HV, sh.V), dtype=torch.bfloat16, device=DEV)
     # A valid call the CUDA backend cannot run (a GVA group that does not fit one cluster) is
     # kNotSupported: the row says why and has no fused times. The conv layout does not enter this.
-    can = gdn.can_implement_fused(f["mixed_qkv"], f["conv_weight"], convs[0], states[0], o, **fused_kwargs(sh, f))
-    check = check_fused(sh, f, states[0], convs[0]) if can else None
+    can = gdn.can_implement_fused(f["mixed_qkv"], f["conv_weight"], convs[0], states[0], o,
+                                  **fused_kwargs(sh, f, layout))
+    check = check_fused(sh, f, states[0], convs[0], layout) if can else None
 
     y = uniform((B, T, sh.D), 1.0, torch.bfloat16, gen)
     q, k, v = split_qkv(sh, y)
     xd = dict(f, q=q, k=k, v=v)
-    us = {"decode": time_graph(lambda i: run_gdn(xd, states[i % N], o), calls, args.reps),
-          "chain": time_graph(lambda i: run_chain(sh, f, states[i % N], convs[i % N], o), calls, args.reps)}
+    us = {"decode": time_graph(lambda i: run_gdn(xd, states[i % N], o, layout=layout), calls, args.reps),
+          "chain": time_graph(lambda i: run_chain(sh, f, states[i % N], convs[i % N], o, layout), calls, args.reps)}
     if can:
-        us["fused"] = time_graph(lambda i: run_fused(sh, f, states[i % N], convs[i % N], o), calls, args.reps)
-        us["fused_vllm"] = time_graph(lambda i: run_fused(sh, f, states[i % N], vconvs[i % N], o), calls, args.reps)
+        us["fused"] = time_graph(lambda i: run_fused(sh, f, states[i % N], convs[i % N], o, layout), calls,
+                                 args.reps)
+        us["fused_vllm"] = time_graph(lambda i: run_fused(sh, f, states[i % N], vconvs[i % N], o, layout), calls,
+                                      args.reps)
     del states, convs, vconvs
     torch.cuda.empty_cache()
-    row = {"op": "fused", "model": model, **sh._asdict(), "D": sh.D, "W": CONV_W, "state": state_name, "T": T,
+    row = {"op": "fused", "model": model, **sh._asdict(), "D": sh.D, "W": CONV_W, "layout": layout,
+           "state": state_name, "T": T,
            "B": B, "N": N, "calls": calls, "floor_us": round(floor_us, 3)}
     row.update({f"{k}_us": round(us[k], 3) if k in us else None for k in ("decode", "chain", "fused", "fused_vllm")})
     for a, b in (("chain", "fused"), ("chain", "fused_vllm"), ("chain", "decode"), ("fused", "decode")):
@@ -503,10 +509,12 @@ def print_fused_table(rows):
     def num(x, w):
         return f"{x:{w}.2f}" if x is not None else f"{'-':>{w}}"
 
-    print(f"\n{'model':10} {'state':5} {'T':>2} {'B':>4} {'floor_us':>9} {'decode_us':>9} {'chain_us':>9} "
-          f"{'fused_us':>9} {'f_vllm_us':>9} {'chain/fused':>11} {'chain/f_vllm':>12} {'fused/decode':>12} check")
+    print(f"\n{'model':10} {'layout':6} {'state':5} {'T':>2} {'B':>4} {'floor_us':>9} {'decode_us':>9} "
+          f"{'chain_us':>9} {'fused_us':>9} {'f_vllm_us':>9} {'chain/fused':>11} {'chain/f_vllm':>12} "
+          f"{'fused/decode':>12} check")
     for r in rows:
-        print(f"{r['model']:10} {r['state']:5} {r['T']:2} {r['B']:4} {num(r['floor_us'], 9)} {num(r['decode_us'], 9)} "
+        print(f"{r['model']:10} {r['layout']:6} {r['state']:5} {r['T']:2} {r['B']:4} {num(r['floor_us'], 9)} "
+              f"{num(r['decode_us'], 9)} "
               f"{num(r['chain_us'], 9)} {num(r['fused_us'], 9)} {num(r['fused_vllm_us'], 9)} "
               f"{num(r['chain_over_fused'], 11)} {num(r['chain_over_fused_vllm'], 12)} "
               f"{num(r['fused_over_decode'], 12)} " + check_word(r))
@@ -536,7 +544,8 @@ def main():
                    help="state dtype (FLA's recurrence reads it, and writes fp32 whatever it is); default: fp32 "
                         "for decode, fp32 bf16 for fused")
     p.add_argument("--layout", nargs="+", choices=["VK", "KV"], default=["VK"],
-                   help="decode: the state layout of both (VK: FLA's state_v_first=True; KV: FLA's default)")
+                   help="the state layout: decode, of both (VK: FLA's state_v_first=True; KV: FLA's default); "
+                        "fused, of gdn.decode in the chain and of gdn.fused_decode (KV: transformers' and FLA's cache)")
     p.add_argument("--calls", type=int, default=20, help="calls per graph (at least N; 3 above a 2 ms floor)")
     p.add_argument("--reps", type=int, default=5, help="timed replays (median)")
     p.add_argument("--l2-multiple", type=float, default=4.0)
@@ -600,22 +609,21 @@ def main():
                                   + ("" if c["ok"] else "  MISMATCH"), flush=True)
         if "fused" in ops:
             print(f"fused: {CHAIN_ENTRY}")
-            for model in sweep("fused", "model"):
-                for s in sweep("fused", "state"):
-                    for T in sweep("fused", "T"):
-                        for B in sweep("fused", "B"):
-                            r = {**bench_fused(model, s, T, B, args, l2, tbs, gen), **stamp}
-                            rows.append(r)
-                            c = r["check"]
-                            ok = ok and (c is None or c["ok"])
-                            print(f"fused {model} {s} T={T} B={B}: decode {r['decode_us']:.2f}, chain "
-                                  f"{r['chain_us']:.2f} us; " + (
-                                      f"fused not supported: {r['fused_unsupported']}" if c is None else
-                                      f"fused {r['fused_us']:.2f}, fused (vLLM conv layout) {r['fused_vllm_us']:.2f} "
-                                      f"us; check o rel frob {c['o']['rel_frob']:.2e}, state "
-                                      f"{c['state']['rel_frob']:.2e}, conv state "
-                                      f"{'equal' if c['conv_state_equal'] else 'DIFFERS'}: {check_word(r)}"),
-                                  flush=True)
+            for model, layout, s, T, B in itertools.product(sweep("fused", "model"), args.layout,
+                                                            sweep("fused", "state"), sweep("fused", "T"),
+                                                            sweep("fused", "B")):
+                r = {**bench_fused(model, s, T, B, args, l2, tbs, gen, layout), **stamp}
+                rows.append(r)
+                c = r["check"]
+                ok = ok and (c is None or c["ok"])
+                print(f"fused {model} {layout} {s} T={T} B={B}: decode {r['decode_us']:.2f}, chain "
+                      f"{r['chain_us']:.2f} us; " + (
+                          f"fused not supported: {r['fused_unsupported']}" if c is None else
+                          f"fused {r['fused_us']:.2f}, fused (vLLM conv layout) {r['fused_vllm_us']:.2f} "
+                          f"us; check o rel frob {c['o']['rel_frob']:.2e}, state "
+                          f"{c['state']['rel_frob']:.2e}, conv state "
+                          f"{'equal' if c['conv_state_equal'] else 'DIFFERS'}: {check_word(r)}"),
+                      flush=True)
     if "decode" in ops:
         print_decode_table([r for r in rows if r["op"] == "decode"])
     if "fused" in ops:
@@ -627,7 +635,7 @@ def main():
                "gdn_commit": stamp["commit"], "copy_TBs": round(tbs, 4), "ops": ops,
                "fla_entry": FLA_ENTRY, "gating": GATING, "chain_entry": CHAIN_ENTRY, "flashinfer_entry": FI_ENTRY,
                "shape": {"models": {m: MODELS[m]._asdict() for m in MODELS}, "qkv": "bf16", "mode": "dense",
-                         "layout": args.layout if "decode" in ops else ["VK"]},
+                         "layout": args.layout},
                "cross_check": check, "rows": rows}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
