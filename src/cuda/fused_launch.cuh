@@ -33,13 +33,6 @@ struct FusedOccupancy {
 template <typename S, int K, bool kNorm, bool kSr, typename Act>
 cudaError_t fused_vk_k(const LaunchPlan& lp, const Act& act) {
   using Fz = Fuse<kNorm>;
-  if (lp.group) {
-    if constexpr (K == 128) {
-      return act.template run<fused_group_kernel<S, K, kNorm, kSr>>();
-    } else {
-      return cudaErrorInvalidConfiguration;  // planned for K = 128 only
-    }
-  }
   switch (lp.rows_per_thread) {
     case 4:
       return act.template run<decode_vk_tile_kernel<S, K, 4, false, Fz, kSr>>();
@@ -54,13 +47,6 @@ template <typename S, int K, bool kNorm, bool kSr, typename Act>
 cudaError_t fused_kv_k(const LaunchPlan& lp, const Act& act) {
   using W = KvTileWide<S, K>;
   using Fz = Fuse<kNorm>;
-  if (lp.group) {
-    if constexpr (K == 128) {
-      return act.template run<fused_group_kernel<S, K, kNorm, kSr, true>>();
-    } else {
-      return cudaErrorInvalidConfiguration;  // planned for K = 128 only
-    }
-  }
   if (lp.kv_lanes16) {
     if constexpr (sizeof(S) == 4) {
       return act.template run<decode_kv_tile_kernel<S, K, kKvFusedLanes16Threads, 16, Fz, kSr>>();
@@ -73,15 +59,25 @@ cudaError_t fused_kv_k(const LaunchPlan& lp, const Act& act) {
 }
 
 // The kernel of the plan: by K, the rounding (kSr: launch_rounding, common.cuh, as decode) and
-// the norm; each translation unit (fused_<dtype>_<layout>.cu) compiles its layout's kernels only.
+// the norm; the group kernel (either layout) or the layout's cluster form. Each translation unit
+// (fused_<dtype>_<layout>.cu) compiles its layout's kernels only.
 template <typename S, bool kKv, typename Act>
 cudaError_t fused_dispatch(const FusedProblem& f, const LaunchPlan& lp, const Act& act) {
   const auto by_norm = [&](auto sr, auto norm) {
     const auto by_k = [&](auto k) {
+      constexpr int K = decltype(k)::value;
+      constexpr bool kNorm = decltype(norm)::value, kSr = decltype(sr)::value;
+      if (lp.group) {
+        if constexpr (K == 128) {
+          return act.template run<fused_group_kernel<S, K, kNorm, kSr, kKv>>();
+        } else {
+          return cudaErrorInvalidConfiguration;  // planned for K = 128 only
+        }
+      }
       if constexpr (kKv) {
-        return fused_kv_k<S, decltype(k)::value, decltype(norm)::value, decltype(sr)::value>(lp, act);
+        return fused_kv_k<S, K, kNorm, kSr>(lp, act);
       } else {
-        return fused_vk_k<S, decltype(k)::value, decltype(norm)::value, decltype(sr)::value>(lp, act);
+        return fused_vk_k<S, K, kNorm, kSr>(lp, act);
       }
     };
     switch (f.step.K) {
