@@ -30,12 +30,6 @@ if has test; then
   ctest --test-dir $B --output-on-failure -j8 > "$OUT/ctest.log" 2>&1
   rc=$?; note "ctest rc=$rc ($((SECONDS - t0)) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
   grep -E "Failed|\*\*\*" "$OUT/ctest.log" | head -30
-  # The fused step's group kernel (src/cuda/fused_group.cuh) runs on large grids only by default:
-  # the fused suites again with it forced wherever it applies (the serving batches, sized for it,
-  # already took it above).
-  GDN_CUDA_FUSED_GROUP=2 ./$B/tests/gdn_tests --gtest_filter='Cuda/Fused*-*ServingBatch*' > "$OUT/ctest-group.log" 2>&1
-  rc=$?; note "fused suites, group kernel forced, rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/ctest-group.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED" "$OUT/ctest-group.log" | head -20
 fi
 if has run; then
   {
@@ -64,17 +58,19 @@ if has sanitize; then
       --gtest_filter="$cfilter" > "$OUT/sanitize-chunk-$tool.log" 2>&1
     rc=$?; note "compute-sanitizer $tool, chunked kernel forced, rc=$rc: $(grep -E 'ERROR SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitize-chunk-$tool.log" | tr '\n' ' ' | cut -c1-200)"
   done
-  # The fused step (clusters, distributed shared memory, the conv-state handoff), then its group
-  # kernel forced on the same tests (stage buffers, the conv state written in place). The serving-
-  # batch test (B = 34 of Qwen3-Next) is left to the plain suites: too large for the tools.
+  # The fused step (clusters, distributed shared memory, the conv-state handoff), then the group
+  # kernel forced on the same tests and on decode's KV cases (stage buffers, the conv state
+  # written in place). The serving-batch test (B = 34 of Qwen3-Next) is left to the plain suites:
+  # too large for the tools.
   ffilter=${SANITIZE_FUSED_FILTER:-'Cuda/Fused.*:Cuda/FusedMatrix.*/f0*:Cuda/FusedRejects.*-*ServingBatch*'}
+  gfilter=${SANITIZE_GROUP_FILTER:-'Cuda/Fused.*:Cuda/FusedMatrix.*/f0*:Cuda/FusedRejects.*:Cuda/Matrix.*_KV_*-*ServingBatch*'}
   for tool in memcheck racecheck synccheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 ./$B/tests/gdn_tests --gtest_filter="$ffilter" \
       > "$OUT/sanitize-fused-$tool.log" 2>&1
     rc=$?; note "compute-sanitizer $tool, fused, rc=$rc: $(grep -E 'ERROR SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitize-fused-$tool.log" | tr '\n' ' ' | cut -c1-200)"
-    GDN_CUDA_FUSED_GROUP=2 compute-sanitizer --tool $tool --error-exitcode 9 ./$B/tests/gdn_tests \
-      --gtest_filter="$ffilter" > "$OUT/sanitize-group-$tool.log" 2>&1
-    rc=$?; note "compute-sanitizer $tool, fused group kernel forced, rc=$rc: $(grep -E 'ERROR SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitize-group-$tool.log" | tr '\n' ' ' | cut -c1-200)"
+    GDN_CUDA_GROUP=2 compute-sanitizer --tool $tool --error-exitcode 9 ./$B/tests/gdn_tests \
+      --gtest_filter="$gfilter" > "$OUT/sanitize-group-$tool.log" 2>&1
+    rc=$?; note "compute-sanitizer $tool, group kernel forced, rc=$rc: $(grep -E 'ERROR SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitize-group-$tool.log" | tr '\n' ' ' | cut -c1-200)"
   done
   note "sanitize took $((SECONDS - t0)) s"
 fi

@@ -240,7 +240,7 @@ TEST_P(Fused, LargeGvaGroups) {
 }
 
 // Serving batches of the engines' layouts (K = 128, the conv's 16-byte path): B = 34 rows of
-// Qwen3-Next hold 35.7 MB of bf16 state, so on CUDA the group kernel (fused_group.cuh: one block
+// Qwen3-Next hold 35.7 MB of bf16 state, so on CUDA the group kernel (group.cuh: one block
 // per row and q/k head, the GVA group's state streamed through stage buffers) runs wherever the
 // GPU has at most 145 SMs (plan_fused_group: 240 KiB of state per SM). Every state dtype,
 // T = 1..3, each addressing family, the cache, stochastic rounding, the norm with and without its

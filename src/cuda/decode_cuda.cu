@@ -102,6 +102,13 @@ int kv_wide_mode() {
   static const int v = env_int("GDN_CUDA_KV_WIDE", 1);
   return v;
 }
+// The group kernel (group.cuh), for the fused step and decode's KV layout:
+//   GDN_CUDA_GROUP=0|1|2  0 never, 2 wherever it applies (the GPU tests force it), 1 (default)
+//                         where measured faster (plan_fused_group, plan_kv_group).
+int group_mode() {
+  static const int v = env_int("GDN_CUDA_GROUP", 1);
+  return v;
+}
 int tile_blocks_per_sm() {
   static const int v = env_int("GDN_CUDA_TILE_BPS", 4);
   return v;
@@ -191,7 +198,7 @@ size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp, bool fused = f
   return raw + f32;
 }
 
-// The conv's 16-byte path (fused.cuh, fused_group.cuh): mixed_qkv, the conv state (and
+// The conv's 16-byte path (fused.cuh, group.cuh): mixed_qkv, the conv state (and
 // conv_inter) and the taps (and bias) of one 16-bit dtype; mixed_qkv and the bias contiguous
 // along the channels and the taps row-major [D, W]; the conv state and conv_inter either
 // contiguous along the channels (vLLM's [P, L, D] memory: kConvVec) or channel-major with the
@@ -546,6 +553,48 @@ bool plan_kv_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   }
 }
 
+// decode's KV layout on the group kernel without the conv (group.cuh): one block per (row, q/k
+// head) streaming its GVA group's K x VT tiles through three 16 KB stage buffers, the rows of
+// each in registers. K = 128, 16-byte state rows (the caller's `vec`), T <= kMaxChunk, the group's
+// v heads adjacent (one staged row of group * V elements per token).
+// RULE: measured below.
+bool kv_group_pays(const Problem& p, int64_t blocks, int64_t state_bytes, bool f32_state) {
+  (void)p, (void)blocks, (void)state_bytes, (void)f32_state;
+  return false;
+}
+template <typename S>
+bool plan_kv_group(const Problem& p, LaunchPlan& lp) {
+  using Kv = GroupKvShape<S, 128>;
+  const int mode = group_mode();
+  if (mode == 0 || p.K != 128 || p.V % Kv::VT != 0 || p.T > kMaxChunk || p.HV / p.H * p.T > kGroupThreads ||
+      p.v.s[2] != p.V * p.v.s[3])
+    return false;
+  const int64_t blocks = p.B * p.H;
+  const int64_t state_bytes = p.B * p.HV * p.V * p.K * static_cast<int64_t>(sizeof(S));
+  const bool pays = kv_group_pays(p, blocks, state_bytes, sizeof(S) == 4);
+  if (mode == 1 && !pays) return false;
+  const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
+  const int tiles = V / Kv::VT;
+  const int nb = std::min(3, group * tiles);
+  const int raw = GroupSmem::up16(T * (2 * 128 + group * V) * dtype_bytes_host(p.q.dtype));
+  const GroupSmem lay(128, V, group, T, 0, 0, false, Kv::VT, nb, static_cast<int>(sizeof(S)), false, 0, 0,
+                      Kv::kRedFloats, raw);
+  if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
+  lp = LaunchPlan{};
+  lp.group = true;
+  lp.tile = true;
+  lp.vec = true;
+  lp.threads = kGroupThreads;
+  lp.blocks = blocks;
+  lp.smem = static_cast<size_t>(lay.total);
+  lp.geo.tile_rows = Kv::VT;
+  lp.geo.tiles = tiles;
+  lp.geo.buffers = nb;
+  lp.geo.chunk = T;
+  lp.geo.raw_bytes = raw;
+  return true;
+}
+
 template <typename S, int K>
 size_t kv_red_bytes() {
   return sizeof(float) * KvShape<S, K>::kRedFloats;
@@ -570,7 +619,8 @@ cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
   LaunchPlan plan;
   bool tiled = false;
   if (vec && tile_enabled() && p.T <= kMaxChunk)
-    tiled = p.layout_kv ? plan_kv_chunk<S>(p, plan) || plan_kv_tile<S>(p, plan) : plan_vk_tile<S>(p, plan);
+    tiled = p.layout_kv ? plan_kv_group<S>(p, plan) || plan_kv_chunk<S>(p, plan) || plan_kv_tile<S>(p, plan)
+                        : plan_vk_tile<S>(p, plan);
   if (!tiled) plan = p.layout_kv ? plan_kv<S>(p, vec) : plan_vk(p, vec);
   plan.geo.qkv_vec = qkv_vec_ok(p);
   plan.pdl = pdl_enabled();
@@ -622,7 +672,7 @@ int compute_capability_major() {
   return v;
 }
 
-// The group kernel (fused_group.cuh): one block per (row, q/k head) streaming its GVA group's
+// The group kernel (group.cuh): one block per (row, q/k head) streaming its GVA group's
 // state through NB stage buffers (VK: kGroupRows rows; KV: the K x VT tile of VT columns, 16 KB);
 // K = 128, the conv's 16-byte layout, T <= kMaxChunk. Against the cluster form, measured on the
 // H100 for VK (Qwen3-Next and Qwen3.5, pool, T = 1, 2, 4, B = 4..256, one call per comparison;
@@ -640,24 +690,20 @@ int compute_capability_major() {
 // 128 blocks: 27.9 -> 17.1 us; B = 4, 4 MB: 13.1 -> 16.4, lost; Qwen3.5 bf16 T = 2 B = 4, 8 MB:
 // 29.0 -> 26.3). fp32 keeps the grid condition (Qwen3.5 fp32 T = 2 B = 8, 128 blocks: 31.1 -> 35.7,
 // lost), T = 1 the bytes (Qwen3-Next bf16 B = 16, 16 MB: 15.4 -> 17.8, lost; B = 32 level).
-//   GDN_CUDA_FUSED_GROUP=0|1|2  0 never, 2 wherever it applies (the GPU tests force it), 1
-//                               (default) by the rule above.
+//   GDN_CUDA_GROUP=0|1|2  (group_mode) 0 never, 2 wherever it applies, 1 (default) by the rule
+//                         above.
 // Stage buffers: three of 16 KB for 16-bit states (two: 53.0 us at bf16 B = 64, three 51.7, four
 // 57.1 at two blocks per SM instead of three), two of 32 KB for fp32 (one to four within 1% at
 // Qwen3-Next, three and four 4-5% slower at Qwen3.5 B = 64); KV: three of 16 KB at every dtype.
-int fused_group_mode() {
-  static const int v = env_int("GDN_CUDA_FUSED_GROUP", 1);
-  return v;
-}
 constexpr int64_t kGroupMinStateBytesPerSm = 240 * 1024;
 constexpr int64_t kGroupKvMinStateBytesPerSm = 48 * 1024;
 
 template <typename S>
 bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
-  const int mode = fused_group_mode();
+  const int mode = group_mode();
   const int rt = p.layout_kv ? GroupKvShape<S, 128>::VT : kGroupRows;  // stage rows (KV: columns)
-  if (mode == 0 || p.K != 128 || p.V % rt != 0 || p.T > kMaxChunk) return false;
+  if (mode == 0 || p.K != 128 || p.V % rt != 0 || p.T > kMaxChunk || p.HV / p.H * p.T > kGroupThreads) return false;
   const ConvPath conv = fused_conv_path(f, 1);
   if (conv == kConvScalar) return false;
   const int64_t blocks = p.B * p.H;
@@ -673,10 +719,10 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const bool norm_vec = norm && fused_norm_vec_ok(f, V);
   const int zb = norm_vec && f.z.data != nullptr ? dtype_bytes_host(f.z.dtype) : 0;
   const int wb = norm_vec ? dtype_bytes_host(f.norm_weight.dtype) : 0;
-  const FusedGroupSmem lay(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L),
+  const GroupSmem lay(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L),
                            conv == kConvCm,
                            rt, nb, static_cast<int>(sizeof(S)), norm, zb, wb,
-                           p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0);
+                           p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
   if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
   lp = LaunchPlan{};
   lp.group = true;

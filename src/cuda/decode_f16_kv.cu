@@ -1,5 +1,5 @@
 // Instantiations for f16 state, KV layout (all K, row counts and alignment variants).
-#include "kv.cuh"
+#include "kv_launch.cuh"
 
 namespace gdn::detail::cuda {
 template cudaError_t launch_kv<__half>(const Problem&, const LaunchPlan&, cudaStream_t);

@@ -1,7 +1,7 @@
 // The fused layer step (gdn::fused_decode, docs/semantics.md section 6) on the tile kernels
 // (the cluster form): the pieces that replace the q/k/v staging (the causal conv and SiLU), write
 // the conv state, and apply the gated RMSNorm to the output. Grids that fill the GPU (K = 128, the
-// conv's 16-byte path, either state layout) take the group kernel instead (fused_group.cuh).
+// conv's 16-byte path, either state layout) take the group kernel instead (group.cuh).
 //
 // A block of a tile kernel owns one (row n, value head hv, tile): it needs the whole q and k
 // vectors of hv's q/k head h and v's channels of its tile. The blocks of one (n, h) — the
@@ -194,7 +194,7 @@ __device__ __forceinline__ int rotated_tid(int w) {
 // The conv's 16-byte window area, in 16-byte pieces of 8 channels, for G groups of 8 channels:
 // the window rows [wl][G], the taps [G][W], the bias [G], then (channel-major, cm = L) the raw
 // columns' scratch [G][cm]. The one account of that layout: the cluster form's region
-// (fused_win_floats), the group kernel's (FusedGroupSmem) and the scratch's start
+// (fused_win_floats), the group kernel's (GroupSmem) and the scratch's start
 // (conv_cm_scratch) all take it from here.
 __host__ __device__ constexpr int conv_win_pieces(int G, int wl, int W, int cm) { return G * (wl + W + 1 + cm); }
 
@@ -501,7 +501,7 @@ __device__ __forceinline__ void unpack2(uint32_t w, DType dt, float* out) {
 // The conv and SiLU of one channel pair of a 16-byte path's raw windows, once the inputs landed:
 // `taps` the pair's 2 * kW taps (kW words), `bias` its bias word (null: none), `entry(k)` the
 // pair's word of window entry L - (W - 1) + t + k (ConvPairEntry; the group kernel's rows alone,
-// group_conv_item). Shared by the cluster form and the group kernel (fused_group.cuh).
+// group_conv_item). Shared by the cluster form and the group kernel (group.cuh).
 template <int kW, class Entry>
 __device__ __forceinline__ float2 conv_vec_pair(const uint32_t* taps, const uint32_t* bias, Entry entry, DType dt) {
   float tw[2 * kW];  // tap k of channel i at [i * kW + k]

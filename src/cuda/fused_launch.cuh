@@ -1,9 +1,9 @@
 // Host launchers of the fused step (the cluster form: the tile kernels of vk.cuh and kv.cuh with
-// Fuse<kNorm>; the group kernel of fused_group.cuh) for one state dtype and layout; instantiated
+// Fuse<kNorm>; the group kernel of group.cuh) for one state dtype and layout; instantiated
 // in fused_<dtype>_<layout>.cu, the plan decided by decode_cuda.cu (plan_fused).
 #pragma once
 
-#include "fused_group.cuh"
+#include "group.cuh"
 #include "kv.cuh"
 #include "vk.cuh"
 
@@ -69,7 +69,7 @@ cudaError_t fused_dispatch(const FusedProblem& f, const LaunchPlan& lp, const Ac
       constexpr bool kNorm = decltype(norm)::value, kSr = decltype(sr)::value;
       if (lp.group) {
         if constexpr (K == 128) {
-          return act.template run<fused_group_kernel<S, K, kNorm, kSr, kKv>>();
+          return act.template run<group_kernel<S, K, kNorm, kSr, kKv>>();
         } else {
           return cudaErrorInvalidConfiguration;  // planned for K = 128 only
         }

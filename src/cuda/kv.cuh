@@ -120,7 +120,7 @@ __device__ __forceinline__ void kv_delta(const StageSmem& sm, int t, const float
 // The stores of one token's updated rows held in registers (row i * KG + kg in st[i], VE columns
 // from col): to the cache (inter) and to the token's write slot (wslot: warp_token_write_slot),
 // either or both. Stochastic rounding: element (k, v) is e = k * V + v. Shared by the general KV
-// kernel and the fused step's group kernel (fused_group.cuh); kVec: 16-byte stores.
+// kernel and the fused step's group kernel (group.cuh); kVec: 16-byte stores.
 template <typename S, bool kVec, bool kSr, int KG, int RPT, int VE>
 __device__ __forceinline__ void kv_store_rows(const Problem& p, const WarpSlots& slots, int64_t n, int64_t tt,
                                               int64_t hv, int64_t col, int64_t wslot, int kg,
@@ -148,6 +148,61 @@ __device__ __forceinline__ void kv_store_o(const Problem& p, int64_t n, int64_t 
   const int64_t ob = n * p.o.s[0] + tt * p.o.s[1] + hv * p.o.s[2] + col;
 #pragma unroll
   for (int c = 0; c < VE; ++c) store_scalar(p.o.data, p.o.dtype, ob + c, o[c]);
+}
+
+// Tokens t0 .. t0 + tc - 1 of the thread's RPT rows (i * KG + kg) of VE columns from col, held
+// in registers (st): partial dot products, kv_reduce, kv_delta, the update, the output and the
+// stores. Shared by the general KV kernel and the group kernel (group.cuh). sm: q and k at
+// Sh::Pos and the head's token scalars, chunk token t at t; vcol: v of the thread's columns, chunk
+// token t at + t * vstride; o_head (kNorm): the head's raw outputs [T][V], written instead of o;
+// col_ok: the columns are in range. par: kv_reduce's buffer parity, carried across calls, since no
+// barrier separates one call's last token from the next call's first.
+template <typename Sh, typename S, bool kVec, bool kNorm, bool kSr>
+__device__ __forceinline__ void kv_tokens(const Problem& p, const WarpSlots& slots, int64_t n, int64_t t0, int tc,
+                                          int64_t hv, int64_t col, bool col_ok, float (&st)[Sh::RPT][Sh::VE],
+                                          const StageSmem& sm, const float* vcol, int vstride, float* o_head,
+                                          float* red, int& par, int warp, int vl, int kgw, int kg) {
+  constexpr int VE = Sh::VE, RPT = Sh::RPT;
+  constexpr int K = RPT * Sh::KG;
+  for (int t = 0; t < tc; ++t, par ^= 1) {
+    const int64_t tt = t0 + t;
+    float qv[RPT], kv[RPT];
+    load_smem_row<RPT>(sm.q + t * K + kg * RPT, qv);
+    load_smem_row<RPT>(sm.k + t * K + kg * RPT, kv);
+    float sk[VE], sq[VE];
+#pragma unroll
+    for (int c = 0; c < VE; ++c) sk[c] = sq[c] = 0.f;
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+#pragma unroll
+      for (int c = 0; c < VE; ++c) {
+        sk[c] = fmaf(st[i][c], kv[i], sk[c]);
+        sq[c] = fmaf(st[i][c], qv[i], sq[c]);
+      }
+    }
+    kv_reduce<Sh>(red, par, warp, vl, kgw, sk, sq);
+    float o[VE], dk[VE], g;
+    kv_delta<VE>(sm, t, vcol + t * vstride, sk, sq, o, dk, g);
+    // k again rather than held across the reduction: holding it cost the group kernel's
+    // stochastic-rounding variant 52 bytes of spills.
+    load_smem_row<RPT>(sm.k + t * K + kg * RPT, kv);
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+#pragma unroll
+      for (int c = 0; c < VE; ++c) st[i][c] = fmaf(g, st[i][c], dk[c] * kv[i]);
+    }
+    if (kg == 0 && col_ok) {
+      if constexpr (kNorm) {
+#pragma unroll
+        for (int c = 0; c < VE; c += 4)
+          *reinterpret_cast<float4*>(o_head + tt * p.V + col + c) = make_float4(o[c], o[c + 1], o[c + 2], o[c + 3]);
+      } else {
+        kv_store_o<VE>(p, n, tt, hv, col, o);
+      }
+    }
+    const int64_t wslot = warp_token_write_slot(p, slots, n, tt);  // every lane
+    if (col_ok) kv_store_rows<S, kVec, kSr, Sh::KG>(p, slots, n, tt, hv, col, wslot, kg, st);
+  }
 }
 
 // kSr: the stochastic-rounding store path compiled in (vk_launch.cuh, launch_vk_k, says why a
@@ -217,35 +272,8 @@ __global__ void __launch_bounds__(KvShape<S, K>::kThreads)
     stage_convert<K, NT>(p, geo, sm, tc, VT, typename Sh::Pos{});
     __syncthreads();
 
-    for (int t = 0; t < tc; ++t, buf ^= 1) {
-      const int64_t tt = t0 + t;
-      float qv[RPT], kv[RPT];
-      load_smem_row<RPT>(sm.q + t * K + kg * RPT, qv);
-      load_smem_row<RPT>(sm.k + t * K + kg * RPT, kv);
-
-      float sk[VE], sq[VE];
-#pragma unroll
-      for (int c = 0; c < VE; ++c) sk[c] = sq[c] = 0.f;
-#pragma unroll
-      for (int i = 0; i < RPT; ++i) {
-#pragma unroll
-        for (int c = 0; c < VE; ++c) {
-          sk[c] = fmaf(st[i][c], kv[i], sk[c]);
-          sq[c] = fmaf(st[i][c], qv[i], sq[c]);
-        }
-      }
-      kv_reduce<Sh>(s_red, buf, warp, vl, kgw, sk, sq);
-      float o[VE], dk[VE], g;
-      kv_delta<VE>(sm, t, sm.v + t * VT + vl * VE, sk, sq, o, dk, g);
-#pragma unroll
-      for (int i = 0; i < RPT; ++i) {
-#pragma unroll
-        for (int c = 0; c < VE; ++c) st[i][c] = fmaf(g, st[i][c], dk[c] * kv[i]);
-      }
-      if (kg == 0 && col_ok) kv_store_o<VE>(p, n, tt, hv, col, o);
-      const int64_t wslot = warp_token_write_slot(p, slots, n, tt);  // every lane
-      if (col_ok) kv_store_rows<S, kVec, kSr, KG>(p, slots, n, tt, hv, col, wslot, kg, st);
-    }
+    kv_tokens<Sh, S, kVec, false, kSr>(p, slots, n, t0, tc, hv, col, col_ok, st, sm, sm.v + vl * VE, VT, nullptr,
+                                       s_red, buf, warp, vl, kgw, kg);
   }
 }
 
@@ -481,43 +509,6 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
   }
   if constexpr (Fz::kOn)
     fused_finish<NT, Fz::kNorm>(prm, geo, share, fs, n, hv, tile, c0, VT, T);
-}
-
-template <typename S, int K, bool kSr>
-cudaError_t launch_kv_ks(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
-  using W = KvTileWide<S, K>;
-  if (lp.tile)
-    return lp.kv_wide ? launch_tile_kernel<decode_kv_tile_kernel<S, K, W::NT, W::LV, NoFuse, kSr>>(p, lp, stream)
-                      : launch_tile_kernel<decode_kv_tile_kernel<S, K, kKvTileThreads, 8, NoFuse, kSr>>(p, lp, stream);
-  return lp.vec ? launch_kernel(decode_kv_kernel<S, K, true, kSr>, p, lp, stream)
-                : launch_kernel(decode_kv_kernel<S, K, false, kSr>, p, lp, stream);
-}
-
-// kSr: launch_rounding (common.cuh).
-template <typename S, int K>
-cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
-  if (lp.chunked) {  // the chunked kernel on the KV tile (vk_chunk.cuh; plan_kv_chunk)
-    if constexpr (std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, float>) {
-      return launch_tile_kernel<decode_vk_chunk_kernel<S, K, true>>(p, lp, stream);
-    } else {
-      return cudaErrorInvalidConfiguration;
-    }
-  }
-  return launch_rounding<S>(p.rounding_seed,
-                            [&](auto sr) { return launch_kv_ks<S, K, decltype(sr)::value>(p, lp, stream); });
-}
-
-// Host launcher for one state dtype; instantiated once per dtype in decode_<dtype>_kv.cu.
-template <typename S>
-cudaError_t launch_kv(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
-  switch (p.K) {
-    case 64:
-      return launch_kv_k<S, 64>(p, lp, stream);
-    case 128:
-      return launch_kv_k<S, 128>(p, lp, stream);
-    default:
-      return launch_kv_k<S, 256>(p, lp, stream);
-  }
 }
 
 }  // namespace gdn::detail::cuda

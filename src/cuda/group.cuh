@@ -1,5 +1,6 @@
-// The fused step's group kernel (gdn::fused_decode, docs/semantics.md section 6) for grids that
-// fill the GPU: one block per (row n, q/k head h), no thread-block cluster.
+// The group kernel: one block per (row n, q/k head h), no thread-block cluster, for grids that
+// fill the GPU. It runs the fused step (gdn::fused_decode, docs/semantics.md section 6; kConv)
+// and, for the KV layout, decode (gdn::decode, section 2; !kConv).
 //
 // The cluster form (fused.cuh on the tile kernels) pays the conv, the q/k norms and the
 // exchange once per block of a (row, q/k head), and a block holds its SM slot through phases
@@ -8,18 +9,21 @@
 // once, writes their conv state (it alone reads and writes those channels, so an in-place update
 // cannot race), and then streams the group's state through a ring of NB shared-memory buffers
 // of RT rows each ("stages": RT rows of one value head), the next stages landing while the
-// current one computes. The conv itself runs while the first NB stages are in flight.
+// current one computes. The conv itself runs while the first NB stages are in flight. Without
+// the conv (decode) the block stages q and k of h and the group's v instead, as the tile
+// kernels do (stage_issue_plan), and the rest is the same.
 //
 // Both state layouts (kKv). VK: a stage is RT = kGroupRows rows of one value head, each
 // thread holding RR rows of a K-slice (vk_step's math). KV: a stage is the K x VT tile of VT
 // columns of one value head (16 KB: VT = 64 at 16-bit states, 32 at fp32), each thread holding
-// K / 16 rows of one 16-byte column vector (GroupKvShape; the KV tile kernel's math, kv.cuh) and
+// K / 16 rows of one 16-byte column vector (GroupKvShape; the KV kernels' math, kv_tokens) and
 // copying exactly the pieces it later reads, so a stage needs no barrier to land or to be
 // reused; the per-token sums cross the block through kv_reduce's shared buffers.
 //
-// Host: plan_fused_group. K = 128, 16-byte state rows, the conv's 16-byte path (mixed_qkv, conv
-// state and taps of one 16-bit dtype; the conv state channels-contiguous or channel-major packed,
-// fused_conv_path). Other calls take the cluster form.
+// Host: plan_fused_group and plan_kv_group (decode_cuda.cu). K = 128, 16-byte state rows; the
+// fused step the conv's 16-byte path (mixed_qkv, conv state and taps of one 16-bit dtype; the
+// conv state channels-contiguous or channel-major packed, fused_conv_path), decode the group's v
+// heads adjacent. Other calls take the cluster form or decode's tile kernels.
 #pragma once
 
 #include "kv.cuh"
@@ -37,25 +41,28 @@ template <typename S, int K>
 using GroupKvShape = KvShape<S, K, kGroupThreads, 8>;
 
 // Byte offsets of the block's shared memory, each region 16-byte aligned. Host and device build
-// it from the same numbers (plan_fused_group, fused_group_kernel).
-struct FusedGroupSmem {
+// it from the same numbers (plan_fused_group, group_kernel).
+struct GroupSmem {
   int buf = 0;   // [NB][RT][K] state stages, S (KV: [NB][K][RT], RT = VT columns)
   int q, k;      // [T][K] fp32 conv outputs at the layout's Pos positions (VkShape, KvShape)
   int v;         // [T][group * V] fp32
   int tok;       // [group][T][kTokScalars]
-  int win;       // uint4 [wl][G8] raw windows, [G8][W] taps, [G8] bias (channel-major: [G8][L] raw columns)
+  int win;       // uint4 [wl][G8] raw windows, [G8][W] taps, [G8] bias (channel-major: [G8][L] raw columns);
+                 // decode: raw q [T][K], k [T][K], v [T][group * V] (StageSmem::raw)
   int o;         // [group][T][V] fp32 raw outputs (norm only)
   int z;         // [group][T][V] raw z (norm with 16-byte rows and a gate)
   int wn;        // [V] raw norm_weight (norm with 16-byte rows)
   int fac;       // [group][T] the norm's factors
   int red;       // KV: kv_reduce's double-buffered partial sums (red_floats)
-  int ws;        // int64 [T] conv write slots
+  int ws;        // int64 [T] conv write slots (fused step)
   int total;
   int G8;        // groups of 8 conv channels: (2K + group V) / 8
   int wl;        // window rows: old columns first..L-1, then the T inputs
   static constexpr __host__ __device__ int up16(int b) { return (b + 15) / 16 * 16; }
-  __host__ __device__ FusedGroupSmem(int K, int V, int group, int T, int W, int L, bool cm, int rt, int nb,
-                                     int state_bytes, bool norm, int z_bytes, int wn_bytes, int red_floats) {
+  // raw_bytes: decode's staging bytes (Geometry::raw_bytes); 0 for the fused step's conv windows.
+  __host__ __device__ GroupSmem(int K, int V, int group, int T, int W, int L, bool cm, int rt, int nb,
+                                int state_bytes, bool norm, int z_bytes, int wn_bytes, int red_floats,
+                                int raw_bytes) {
     G8 = (2 * K + group * V) / 8;
     wl = L - conv_first_col(L, W) + T;
     q = up16(nb * rt * K * state_bytes);
@@ -63,7 +70,7 @@ struct FusedGroupSmem {
     v = k + up16(T * K * 4);
     tok = v + up16(T * group * V * 4);
     win = tok + up16(group * T * kTokScalars * 4);
-    o = win + 16 * conv_win_pieces(G8, wl, W, cm ? L : 0);
+    o = win + (raw_bytes > 0 ? up16(raw_bytes) : 16 * conv_win_pieces(G8, wl, W, cm ? L : 0));
     z = o + (norm ? up16(group * T * V * 4) : 0);
     wn = z + (norm ? up16(group * T * V * z_bytes) : 0);
     fac = wn + (norm ? up16(V * wn_bytes) : 0);
@@ -106,7 +113,7 @@ __device__ __forceinline__ int64_t group_channel(const Problem& p, int64_t h, in
 // q and k at their Pos positions (kPairs: an even channel and the next are adjacent there, VK;
 // KV spreads them), v in order.
 template <class Pos, bool kPairs, int K, int kW>
-__device__ __forceinline__ void group_conv_item(const FusedProblem& f, const FusedGroupSmem& lay, char* base, int g,
+__device__ __forceinline__ void group_conv_item(const FusedProblem& f, const GroupSmem& lay, char* base, int g,
                                                 int sub, int t, int gV) {
   const int G8 = lay.G8;
   const uint32_t* const win = reinterpret_cast<const uint32_t*>(base + lay.win);  // word (row * G8 + g) * 4 + sub
@@ -134,54 +141,20 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Fus
   }
 }
 
-// KV: the T tokens of one stage (value head hv; col: the thread's first column), the thread's RPT
-// rows of its column vector in st (rows i * KG + kg). The per-token math is the KV tile kernel's
-// (decode_kv_tile_kernel) on rows held in registers, as in the general KV kernel, whose stores it
-// shares (kv_store_rows). sm: the q, k and the head's token scalars; vcol: v of the thread's
-// columns, token t at + t * gV; o_head: the head's raw outputs [T][V] (kNorm). par: kv_reduce's
-// buffer parity, carried across stages (no barrier separates two stages' tokens).
-template <typename S, int K, bool kNorm, bool kSr>
-__device__ __forceinline__ void kv_group_tokens(const Problem& p, const WarpSlots& slots, int64_t n, int64_t hv,
-                                                int64_t col, float (&st)[GroupKvShape<S, K>::RPT][kVecElems<S>],
-                                                const StageSmem& sm, const float* vcol, int gV, float* o_head,
-                                                float* red, int& par, int warp, int vl, int kgw, int kg) {
-  using Sh = GroupKvShape<S, K>;
-  constexpr int VE = Sh::VE, RPT = Sh::RPT;
-  const int T = sm.chunk;
-  for (int t = 0; t < T; ++t, par ^= 1) {
-    float qv[RPT], kv[RPT];
-    load_smem_row<RPT>(sm.q + t * K + kg * RPT, qv);
-    load_smem_row<RPT>(sm.k + t * K + kg * RPT, kv);
-    float sk[VE], sq[VE];
-#pragma unroll
-    for (int c = 0; c < VE; ++c) sk[c] = sq[c] = 0.f;
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-#pragma unroll
-      for (int c = 0; c < VE; ++c) {
-        sk[c] = fmaf(st[i][c], kv[i], sk[c]);
-        sq[c] = fmaf(st[i][c], qv[i], sq[c]);
-      }
+// decode: the raw q [T][K], k [T][K] and v [T][gV] (stage_issue_plan's order) converted to fp32,
+// q and k at the layout's Pos positions, v in order.
+template <typename E, class Pos, int K, int NT>
+__device__ __forceinline__ void group_convert(const void* raw, float* q_s, float* k_s, float* v_s, int T, int gV) {
+  const E* const r = static_cast<const E*>(raw);
+  const int nq = T * K;
+  for (int i = threadIdx.x; i < 2 * nq + T * gV; i += NT) {
+    const float x = to_f32(r[i]);
+    if (i < 2 * nq) {
+      const int e = i % K, row = i / K;  // q rows, then k rows
+      (row < T ? q_s : k_s)[(row < T ? row : row - T) * K + Pos{}(e)] = x;
+    } else {
+      v_s[i - 2 * nq] = x;
     }
-    kv_reduce<Sh>(red, par, warp, vl, kgw, sk, sq);
-    float o[VE], dk[VE], g;
-    kv_delta<VE>(sm, t, vcol + t * gV, sk, sq, o, dk, g);
-    load_smem_row<RPT>(sm.k + t * K + kg * RPT, kv);  // again: not held across the reduction
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-#pragma unroll
-      for (int c = 0; c < VE; ++c) st[i][c] = fmaf(g, st[i][c], dk[c] * kv[i]);
-    }
-    if (kg == 0) {
-      if constexpr (kNorm) {
-#pragma unroll
-        for (int c = 0; c < VE; c += 4)
-          *reinterpret_cast<float4*>(o_head + t * p.V + col + c) = make_float4(o[c], o[c + 1], o[c + 2], o[c + 3]);
-      } else {
-        kv_store_o<VE>(p, n, t, hv, col, o);
-      }
-    }
-    kv_store_rows<S, true, kSr, Sh::KG>(p, slots, n, t, hv, col, warp_token_write_slot(p, slots, n, t), kg, st);
   }
 }
 
@@ -189,16 +162,18 @@ __device__ __forceinline__ void kv_group_tokens(const Problem& p, const WarpSlot
 // T = 1, fewer at fp32 and longer T): a cap of 128 for four was slower everywhere
 // (bf16 B = 64 52.5 -> 60.8 us, fp32 83.1 -> 89.4; docs/design.md).
 // kSr: the stochastic-rounding store compiled in (as decode's kernels, vk_launch.cuh). kKv: the
-// KV layout (geo.tile_rows is then the stage's VT columns).
-template <typename S, int K, bool kNorm, bool kSr = true, bool kKv = false>
+// KV layout (geo.tile_rows is then the stage's VT columns). kConv: the fused step; without it,
+// decode (f.step alone; the KV layout, no norm), its inputs staged as the tile kernels stage them.
+template <typename S, int K, bool kNorm, bool kSr = true, bool kKv = false, bool kConv = true>
 __global__ void __launch_bounds__(kGroupThreads, 3)
-    fused_group_kernel(const __grid_constant__ FusedProblem f, const Geometry geo) {
+    group_kernel(const __grid_constant__ FusedProblem f, const Geometry geo) {
   constexpr int NT = kGroupThreads, RR = kGroupRR;
   using Sh = VkShape<S, K, 1>;
   using Kv = GroupKvShape<S, K>;
   constexpr int VE = Sh::VE, NV = Sh::NV, L = Sh::L, G = Sh::G, PR = K / VE;
   static_assert(G * RR == kGroupRows || K != 128);
   static_assert(!kKv || Kv::LV * Kv::KG == NT);
+  static_assert(kConv || (kKv && !kNorm), "decode's group kernel: the KV layout, no norm");
   const Problem& p = f.step;
   const int T = static_cast<int>(p.T), V = static_cast<int>(p.V), W = static_cast<int>(f.W);
   const int Lc = static_cast<int>(f.L);
@@ -208,8 +183,9 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   const bool norm_vec = kNorm && geo.norm_vec;
   const int zs = f.z.dtype == DType::kF32 ? 4 : 2, wns = f.norm_weight.dtype == DType::kF32 ? 4 : 2;
   const int cm = geo.conv_cm ? Lc : 0;
-  const FusedGroupSmem lay(K, V, group, T, W, Lc, cm > 0, RT, NB, static_cast<int>(sizeof(S)), kNorm,
-                           norm_vec && f.z.data != nullptr ? zs : 0, norm_vec ? wns : 0, kKv ? Kv::kRedFloats : 0);
+  const GroupSmem lay(K, V, group, T, W, Lc, cm > 0, RT, NB, static_cast<int>(sizeof(S)), kNorm,
+                      norm_vec && f.z.data != nullptr ? zs : 0, norm_vec ? wns : 0, kKv ? Kv::kRedFloats : 0,
+                      kConv ? 0 : geo.raw_bytes);
 
   extern __shared__ float4 smem4[];
   char* const base = reinterpret_cast<char*>(smem4);
@@ -231,12 +207,25 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   const int64_t hv0 = h * group;
   const int G8 = lay.G8, first = conv_first_col(Lc, W), lc = Lc - first;
 
+  // decode: q and k of head h and the group's v (its heads adjacent: v's head stride is V, host-
+  // checked), raw, into the staging area; the plan computed while the block waits (stage_plan).
+  StagePlan plan;
+  if constexpr (!kConv) {
+    StageSmem raw{};
+    raw.raw = reinterpret_cast<unsigned char*>(win);
+    raw.chunk = T;
+    plan = stage_plan(p, geo, raw, n, 0, T, hv0, 0, gV);
+    stage_plan_pin(plan);
+  }
   warm_params(f);
   pdl_wait();
   pdl_launch_dependents();
 
-  // What does not depend on the slot, first: the new conv inputs, taps and bias, the norm's rows.
-  {
+  // What does not depend on the slot, first: the new conv inputs, taps and bias, the norm's rows
+  // (decode: q, k and v).
+  if constexpr (!kConv) {
+    stage_issue_plan<NT>(plan);
+  } else {
     uint4* const taps = win + lay.wl * G8;
     uint4* const bias = taps + G8 * W;
     for (int g = tid; g < G8; g += NT) {
@@ -278,9 +267,11 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   // The read slot's conv columns, then the first NB state stages (empty groups past the last
   // stage keep one group per stage, so the waits below count the same everywhere).
   uint4* const scratch = conv_cm_scratch(win, G8, lay.wl, W);
-  for (int g = tid; g < G8; g += NT)
-    conv_vec_issue_columns(f, win, scratch, cm, G8, g, group_channel(p, h, g * 8), slots.read, first);
-  cp_async_commit();
+  if constexpr (kConv) {
+    for (int g = tid; g < G8; g += NT)
+      conv_vec_issue_columns(f, win, scratch, cm, G8, g, group_channel(p, h, g * 8), slots.read, first);
+    cp_async_commit();
+  }
   const auto issue_stage = [&](int s) {
     if (s < NS) {
       const int hi = s / tiles;
@@ -311,15 +302,29 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
     tok_s[tid * kTokScalars + 3] = g;  // tid = gh * T + gt
     tok_s[tid * kTokScalars + 4] = beta;
   }
-  if (warp == 0) warp_store_write_slots(p, slots, n, ws_s);
-  cp_async_wait_pending(NB);  // this thread's conv inputs and columns landed
+  if (kConv && warp == 0) warp_store_write_slots(p, slots, n, ws_s);
+  cp_async_wait_pending(NB);  // this thread's conv inputs and columns (decode: q, k, v) landed
   __syncthreads();
-  if (cm > 0) {
+  if (kConv && cm > 0) {
     conv_cm_transpose<NT>(scratch, win, G8, Lc, first, tid);
     __syncthreads();  // the old columns' window rows
   }
 
-  for (int item = tid; item < G8 * 4 * T; item += NT) {
+  if constexpr (!kConv) {
+    using Pos = typename Kv::Pos;
+    switch (p.q.dtype) {
+      case DType::kF32:
+        group_convert<float, Pos, K, NT>(win, q_s, k_s, v_s, T, gV);
+        break;
+      case DType::kBF16:
+        group_convert<__nv_bfloat16, Pos, K, NT>(win, q_s, k_s, v_s, T, gV);
+        break;
+      default:
+        group_convert<__half, Pos, K, NT>(win, q_s, k_s, v_s, T, gV);
+        break;
+    }
+  }
+  for (int item = tid; kConv && item < G8 * 4 * T; item += NT) {
     const int sub = item & 3, g = (item >> 2) % G8, t = item / (4 * G8);
     using Pos = std::conditional_t<kKv, typename Kv::Pos, typename Sh::Pos>;
     switch (W) {
@@ -334,7 +339,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
         break;
     }
   }
-  __syncthreads();  // the conv outputs, the gates and the write slots
+  __syncthreads();  // the conv outputs (decode: q, k, v), the gates and the write slots
 
   // Per token: the q/k norms and q.k (warp t), shared by the group's heads.
   for (int t = warp; t < T; t += NT / 32) {
@@ -356,8 +361,14 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   }
   // The conv state after each stored token (and conv_inter). The block alone reads these
   // channels, and it has read them.
-  for (int g = tid; g < G8; g += NT)
+  for (int g = tid; kConv && g < G8; g += NT)
     conv_vec_store_group(f, win, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
+
+  StageSmem sm{};  // per stage, tok: its head's token scalars
+  sm.q = q_s;
+  sm.k = k_s;
+  sm.v = v_s;
+  sm.chunk = T;
 
   if constexpr (kKv) {
     // The stages: value head hi = s / tiles, columns (s % tiles) * VT on. A thread waits for its
@@ -374,13 +385,9 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
 #pragma unroll
       for (int i = 0; i < Kv::RPT; ++i) load_state_vec<S, true>(tile + (i * Kv::KG + kg) * RT, st[i]);
       issue_stage(s + NB);
-      StageSmem sm{};
-      sm.q = q_s;
-      sm.k = k_s;
       sm.tok = tok_s + hi * T * kTokScalars;
-      sm.chunk = T;
-      kv_group_tokens<S, K, kNorm, kSr>(p, slots, n, hv0 + hi, col, st, sm, v_s + hi * V + col, gV,
-                                        o_s + hi * T * V, red, par, warp, vl, kgw, kg);
+      kv_tokens<Kv, S, true, kNorm, kSr>(p, slots, n, 0, T, hv0 + hi, col, true, st, sm, v_s + hi * V + col, gV,
+                                         o_s + hi * T * V, red, par, warp, vl, kgw, kg);
     }
   } else {
     // VK: the stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
@@ -399,12 +406,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
       __syncthreads();  // every thread holds its rows: the buffer takes stage s + NB
       issue_stage(s + NB);
 
-      StageSmem sm{};
-      sm.q = q_s;
-      sm.k = k_s;
       sm.tok = tok_s + hi * T * kTokScalars;
-      sm.v = v_s;
-      sm.chunk = T;
       const float* const vrow = v_s + hi * V + row0 + rg;  // token t at + t * gV
       float* const o_head = o_s + hi * T * V;
       float gam_acc = 1.f;
