@@ -556,23 +556,40 @@ bool plan_kv_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
 // decode's KV layout on the group kernel without the conv (group.cuh): one block per (row, q/k
 // head) streaming its GVA group's K x VT tiles through three 16 KB stage buffers, the rows of
 // each in registers. K = 128, 16-byte state rows (the caller's `vec`), T <= kMaxChunk, the group's
-// v heads adjacent (one staged row of group * V elements per token).
-// RULE: measured below.
-bool kv_group_pays(const Problem& p, int64_t blocks, int64_t state_bytes, bool f32_state) {
-  (void)p, (void)blocks, (void)state_bytes, (void)f32_state;
-  return false;
+// v heads adjacent (one staged row of group * V elements per token). Against the KV tile kernel
+// and the chunked kernel, measured on the H200 (both models, pool, B = 1..256, T = 1, 2, 4, 8,
+// cache on and off, GDN_CUDA_GROUP=2 against 0 on one binary, min of two runs; docs/design.md,
+// "The group kernel for decode's KV layout"):
+// - 16-bit, T = 1: 0.91-0.98 from B * H = 1024 blocks (Qwen3.5 bf16 B = 256 275.9 -> 252.2 us),
+//   1.13-1.23 at 256-512: from kKvGroupT1BlocksPerSm blocks per SM.
+// - 16-bit, T >= 2 with stored per-token states (the tile kernel keeps its rows in an fp32 work
+//   tile in shared memory; the chunked kernel does not apply): 0.60-0.96 from 256 blocks (Qwen3-Next
+//   bf16 T = 4 B = 64 167.3 -> 111.9), 0.96-1.11 at 128: from 1.5 blocks per SM. The same rule
+//   where the chunked kernel does not take a 16-bit call for another reason (fp16, a rounding
+//   seed, fp16 q/k).
+// - Against the chunked kernel: 16-bit T = 2 0.89-0.96 from 2048 blocks, 1.00-1.07 at 1024; T = 4
+//   and 8 1.3-2.6 everywhere. fp32, no stored states (the token loop at T = 2, the chunked kernel
+//   at T = 4): T = 2..4 0.81-0.94 from 2048 blocks, 0.97-1.02 at 1024, T = 8 1.6-1.8; fp32 T = 1
+//   and with stored states 1.04-1.3 everywhere. From kKvGroupChunkBlocksPerSm per SM at those T.
+constexpr int64_t kKvGroupT1BlocksPerSm = 6;
+constexpr int64_t kKvGroupChunkBlocksPerSm = 12;
+bool kv_group_pays(const Problem& p, int64_t blocks, bool f32_state, bool chunked) {
+  const int64_t sms = sm_count();
+  if (f32_state) return p.T >= 2 && p.T <= 4 && !stores_token_states(p) && blocks >= kKvGroupChunkBlocksPerSm * sms;
+  if (p.T == 1) return blocks >= kKvGroupT1BlocksPerSm * sms;
+  if (!chunked) return 2 * blocks >= 3 * sms;
+  return p.T == 2 && blocks >= kKvGroupChunkBlocksPerSm * sms;
 }
+// chunked: plan_kv_chunk takes this call.
 template <typename S>
-bool plan_kv_group(const Problem& p, LaunchPlan& lp) {
+bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
   using Kv = GroupKvShape<S, 128>;
   const int mode = group_mode();
   if (mode == 0 || p.K != 128 || p.V % Kv::VT != 0 || p.T > kMaxChunk || p.HV / p.H * p.T > kGroupThreads ||
       p.v.s[2] != p.V * p.v.s[3])
     return false;
   const int64_t blocks = p.B * p.H;
-  const int64_t state_bytes = p.B * p.HV * p.V * p.K * static_cast<int64_t>(sizeof(S));
-  const bool pays = kv_group_pays(p, blocks, state_bytes, sizeof(S) == 4);
-  if (mode == 1 && !pays) return false;
+  if (mode == 1 && !kv_group_pays(p, blocks, sizeof(S) == 4, chunked)) return false;
   const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / Kv::VT;
   const int nb = std::min(3, group * tiles);
@@ -593,6 +610,19 @@ bool plan_kv_group(const Problem& p, LaunchPlan& lp) {
   lp.geo.chunk = T;
   lp.geo.raw_bytes = raw;
   return true;
+}
+
+// KV with 16-byte state rows: the group kernel, the chunked kernel or the tile kernel.
+template <typename S>
+bool plan_kv_shared(const Problem& p, LaunchPlan& lp) {
+  LaunchPlan chunk;
+  const bool chunked = plan_kv_chunk<S>(p, chunk);
+  if (plan_kv_group<S>(p, lp, chunked)) return true;
+  if (chunked) {
+    lp = chunk;
+    return true;
+  }
+  return plan_kv_tile<S>(p, lp);
 }
 
 template <typename S, int K>
@@ -619,8 +649,7 @@ cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
   LaunchPlan plan;
   bool tiled = false;
   if (vec && tile_enabled() && p.T <= kMaxChunk)
-    tiled = p.layout_kv ? plan_kv_group<S>(p, plan) || plan_kv_chunk<S>(p, plan) || plan_kv_tile<S>(p, plan)
-                        : plan_vk_tile<S>(p, plan);
+    tiled = p.layout_kv ? plan_kv_shared<S>(p, plan) : plan_vk_tile<S>(p, plan);
   if (!tiled) plan = p.layout_kv ? plan_kv<S>(p, vec) : plan_vk(p, vec);
   plan.geo.qkv_vec = qkv_vec_ok(p);
   plan.pdl = pdl_enabled();
