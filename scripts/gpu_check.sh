@@ -63,7 +63,7 @@ if has sanitize; then
   # written in place). The serving-batch test (B = 34 of Qwen3-Next) is left to the plain suites:
   # too large for the tools.
   ffilter=${SANITIZE_FUSED_FILTER:-'Cuda/Fused.*:Cuda/FusedMatrix.*/f0*:Cuda/FusedRejects.*-*ServingBatch*'}
-  gfilter=${SANITIZE_GROUP_FILTER:-'Cuda/Fused.*:Cuda/FusedMatrix.*/f0*:Cuda/FusedRejects.*:Cuda/Matrix.*_KV_*-*ServingBatch*'}
+  gfilter=${SANITIZE_GROUP_FILTER:-'Cuda/Fused.*:Cuda/FusedMatrix.*/f0*:Cuda/FusedRejects.*:Cuda/Matrix.*_K128_*_KV_*-*ServingBatch*'}
   for tool in memcheck racecheck synccheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 ./$B/tests/gdn_tests --gtest_filter="$ffilter" \
       > "$OUT/sanitize-fused-$tool.log" 2>&1

@@ -580,6 +580,25 @@ bool kv_group_pays(const Problem& p, int64_t blocks, bool f32_state, bool chunke
   if (!chunked) return 2 * blocks >= 3 * sms;
   return p.T == 2 && blocks >= kKvGroupChunkBlocksPerSm * sms;
 }
+// A launch of the group kernel (group.cuh) with the shared memory of `lay`: `blocks` blocks of one
+// (row, q/k head), stages of rt rows (KV: columns), `tiles` per value head, nb buffers, T tokens.
+// Each planner adds its own fields.
+LaunchPlan group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb, int T) {
+  LaunchPlan lp;
+  lp.group = true;
+  lp.tile = true;
+  lp.vec = true;
+  lp.threads = kGroupThreads;
+  lp.rows_per_thread = kGroupRR;
+  lp.blocks = blocks;
+  lp.smem = static_cast<size_t>(lay.total);
+  lp.geo.tile_rows = rt;
+  lp.geo.tiles = tiles;
+  lp.geo.buffers = nb;
+  lp.geo.chunk = T;
+  return lp;
+}
+
 // chunked: plan_kv_chunk takes this call.
 template <typename S>
 bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
@@ -597,17 +616,7 @@ bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
   const GroupSmem lay(128, V, group, T, 0, 0, false, Kv::VT, nb, static_cast<int>(sizeof(S)), false, 0, 0,
                       Kv::kRedFloats, raw);
   if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
-  lp = LaunchPlan{};
-  lp.group = true;
-  lp.tile = true;
-  lp.vec = true;
-  lp.threads = kGroupThreads;
-  lp.blocks = blocks;
-  lp.smem = static_cast<size_t>(lay.total);
-  lp.geo.tile_rows = Kv::VT;
-  lp.geo.tiles = tiles;
-  lp.geo.buffers = nb;
-  lp.geo.chunk = T;
+  lp = group_plan(blocks, lay, Kv::VT, tiles, nb, T);
   lp.geo.raw_bytes = raw;
   return true;
 }
@@ -753,18 +762,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
                            rt, nb, static_cast<int>(sizeof(S)), norm, zb, wb,
                            p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
   if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
-  lp = LaunchPlan{};
-  lp.group = true;
-  lp.tile = true;
-  lp.vec = true;
-  lp.threads = kGroupThreads;
-  lp.rows_per_thread = kGroupRR;
-  lp.blocks = blocks;
-  lp.smem = static_cast<size_t>(lay.total);
-  lp.geo.tile_rows = rt;
-  lp.geo.tiles = tiles;
-  lp.geo.buffers = nb;
-  lp.geo.chunk = T;
+  lp = group_plan(blocks, lay, rt, tiles, nb, T);
   lp.geo.qkv_vec = false;
   lp.geo.conv_vec = true;
   lp.geo.conv_cm = conv == kConvCm;
