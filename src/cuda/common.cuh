@@ -446,7 +446,7 @@ struct Geometry {
   bool conv_vec = false; // fused step: the conv's 16-byte path (fused.cuh, fused_conv_path)
   bool conv_cm = false;  // fused step: its channel-major variant (conv state [.., D, L], L contiguous)
   bool norm_vec = false; // fused step: the norm's inputs by 16-byte cp.async (fused_norm_vec_ok)
-  int buffers = 0;       // fused group kernel: state stage buffers (group.cuh)
+  int buffers = 0;       // group kernel: state stage buffers (group.cuh)
 };
 
 struct StageSmem {
@@ -775,7 +775,8 @@ struct LaunchPlan {
   bool vec = true;          // 16-byte state accesses allowed
   bool pdl = true;          // programmatic dependent launch attribute
   int cluster = 1;          // fused step: blocks per thread-block cluster (fused.cuh)
-  bool group = false;       // fused step: the group kernel (group.cuh) instead of a cluster
+  bool group = false;       // the group kernel (group.cuh): the fused step's instead of a cluster,
+                            // decode's KV instead of a tile kernel
   Geometry geo;
 };
 

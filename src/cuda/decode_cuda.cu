@@ -728,8 +728,7 @@ int compute_capability_major() {
 // 128 blocks: 27.9 -> 17.1 us; B = 4, 4 MB: 13.1 -> 16.4, lost; Qwen3.5 bf16 T = 2 B = 4, 8 MB:
 // 29.0 -> 26.3). fp32 keeps the grid condition (Qwen3.5 fp32 T = 2 B = 8, 128 blocks: 31.1 -> 35.7,
 // lost), T = 1 the bytes (Qwen3-Next bf16 B = 16, 16 MB: 15.4 -> 17.8, lost; B = 32 level).
-//   GDN_CUDA_GROUP=0|1|2  (group_mode) 0 never, 2 wherever it applies, 1 (default) by the rule
-//                         above.
+// GDN_CUDA_GROUP (group_mode) holds it off or forces it.
 // Stage buffers: three of 16 KB for 16-bit states (two: 53.0 us at bf16 B = 64, three 51.7, four
 // 57.1 at two blocks per SM instead of three), two of 32 KB for fp32 (one to four within 1% at
 // Qwen3-Next, three and four 4-5% slower at Qwen3.5 B = 64); KV: three of 16 KB at every dtype.
@@ -758,9 +757,8 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const int zb = norm_vec && f.z.data != nullptr ? dtype_bytes_host(f.z.dtype) : 0;
   const int wb = norm_vec ? dtype_bytes_host(f.norm_weight.dtype) : 0;
   const GroupSmem lay(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L),
-                           conv == kConvCm,
-                           rt, nb, static_cast<int>(sizeof(S)), norm, zb, wb,
-                           p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
+                      conv == kConvCm, rt, nb, static_cast<int>(sizeof(S)), norm, zb, wb,
+                      p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
   if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
   lp = group_plan(blocks, lay, rt, tiles, nb, T);
   lp.geo.qkv_vec = false;

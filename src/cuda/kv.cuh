@@ -120,7 +120,7 @@ __device__ __forceinline__ void kv_delta(const StageSmem& sm, int t, const float
 // The stores of one token's updated rows held in registers (row i * KG + kg in st[i], VE columns
 // from col): to the cache (inter) and to the token's write slot (wslot: warp_token_write_slot),
 // either or both. Stochastic rounding: element (k, v) is e = k * V + v. Shared by the general KV
-// kernel and the fused step's group kernel (group.cuh); kVec: 16-byte stores.
+// kernel and the group kernel (group.cuh); kVec: 16-byte stores.
 template <typename S, bool kVec, bool kSr, int KG, int RPT, int VE>
 __device__ __forceinline__ void kv_store_rows(const Problem& p, const WarpSlots& slots, int64_t n, int64_t tt,
                                               int64_t hv, int64_t col, int64_t wslot, int kg,
