@@ -72,9 +72,14 @@ inline float exp_poly(float x) {
 
 // x * sigmoid(x). Below x = -88 the value is 0 (signed as x; |x| e^x < 1e-36 there), where the
 // clamped exponential would not do; NaN and -inf give NaN, as x / (1 + exp(-x)) does.
+// The exponential's argument is 0 there instead of -x: with -x, GCC's jump threading split off
+// the path where exp_poly clamps at 88 and, in the vectorized loops, computed x / (1 + e^88) for
+// every element, a denormal for |x| < 2 and a microcode assist each (the conv's SiLU loop 14 ns
+// per element on this project's EPYC, 2.6 ns without; the same bits).
 inline float silu(float x) {
-  const float y = x / (1.f + exp_poly(-x));
-  return x >= -88.f ? y : 0.f * x;
+  const bool in_range = x >= -88.f;
+  const float e = exp_poly(in_range ? -x : 0.f);
+  return in_range ? x / (1.f + e) : 0.f * x;
 }
 
 // out[i] = element base + i * stride of `data` as fp32, i < count: one dtype switch a plane.
