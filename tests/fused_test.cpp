@@ -239,13 +239,34 @@ TEST_P(Fused, LargeGvaGroups) {
   }
 }
 
+// SiLU far outside its exponential's range, in the conv and in the norm's gate: mixed_qkv
+// entries of +-1000 at token 1 make conv outputs of both signs far beyond +-88, where silu(x) is x
+// or a signed zero, and z at -1000 over a whole (row, token, value head) zeroes that output
+// vector exactly (the oracle's too). On the CPU the exponential clamps its argument by vectorized
+// selects (fused_cpu.cpp, silu); on CUDA __expf overflows to inf (silu_fast).
+TEST_P(Fused, SiluFarOutsideTheExponentialsRange) {
+  GDN_SEED();
+  for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+    SCOPED_TRACE(layout == StateLayout::kVK ? "VK" : "KV");
+    Config cfg = base(Addressing::kPool, 2, 2);
+    cfg.HV = 2;
+    cfg.K = cfg.V = 128;
+    cfg.layout = layout;
+    Case c = make_case(cfg, seed + (layout == StateLayout::kKV ? 1 : 0));
+    for (int64_t d = 0; d < cfg.D(); d += 5) c[Arg::kMixedQkv].set({0, 1, d}, d % 2 == 0 ? 1000.0 : -1000.0);
+    for (int64_t v = 0; v < cfg.V; ++v) c[Arg::kZ].set({1, 0, 1, v}, -1000.0);
+    for (int64_t v = 0; v < cfg.V; v += 3) c[Arg::kZ].set({0, 1, 0, v}, 1000.0);
+    run_and_compare(backend(), c);
+  }
+}
+
 // Serving batches of the engines' layouts (K = 128, the conv's 16-byte path): B = 34 rows of
 // Qwen3-Next hold 35.7 MB of bf16 state, so on CUDA the group kernel (group.cuh: one block
 // per row and q/k head, the GVA group's state streamed through stage buffers) runs wherever the
 // GPU has at most 145 SMs (plan_fused_group: 240 KiB of state per SM). Every state dtype,
 // T = 1..3, each addressing family, the cache, stochastic rounding, the norm with and without its
-// gate and without it, GVA groups of 2 and 4; VK and KV each. (scripts/gpu_check.sh also runs the
-// fused suites with the group kernel forced wherever it applies.)
+// gate and without it, GVA groups of 2 and 4; VK and KV each. (ctest's group_forced.* copy runs
+// the other fused tests with the group kernel forced wherever it applies.)
 void serving_batches(Backend backend, uint64_t seed, StateLayout layout) {
   if (backend == Backend::kCpu)
     GTEST_SKIP() << "sized for the CUDA group kernel (a minute of oracle time on two cores); the CPU fused step's "
