@@ -3,6 +3,7 @@
 # calls and has no network: header-only Debian packages travel in .deps, fetched here with
 # `scripts/setup.sh --download .deps`). Logs go to $OUT; a short table is printed last.
 #   scripts/gpu_check.sh [stage ...]   stages: build test run sanitize python bench quickbench fusedbench
+#                                      groupbench
 # COMMIT names the commit under test in the benchmark JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ note() { summary+=("$1"); echo "== $1"; }
 scripts/setup.sh --unpack .deps >/dev/null
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$OUT/device.txt" 2>&1
 
-if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench; then
+if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench || has groupbench; then
   t0=$SECONDS
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DGDN_GIT_COMMIT="${COMMIT:-unknown}" > "$OUT/build.log" 2>&1 &&
@@ -86,6 +87,31 @@ if has fusedbench; then
   ./$B/gdn bench --op all --mode pool --layout ${FUSED_LAYOUT:-vk} --T ${FUSED_T:-1,4} \
     --B ${FUSED_B:-1,4,16,64,256} --cache off --update on --json "$OUT/bench-fused.json" > "$OUT/bench-fused.log" 2>&1
   note "fusedbench rc=$?"; tail -45 "$OUT/bench-fused.log"
+fi
+if has groupbench; then
+  # decode's KV layout with the planner against the group kernel held off (GDN_CUDA_GROUP=0),
+  # alternately twice: plan_kv_group's rule re-measured on this card (src/cuda/decode_cuda.cu).
+  # A line per cell where the two differ by more than 1%, min of the two runs each.
+  args="--op decode --mode pool --layout kv --T 1,2,4,8 --cache all --update on --B ${GROUP_B:-8,16,32,64,128,256}"
+  for r in 1 2; do
+    ./$B/gdn bench $args --json "$OUT/group-rule-$r.json" > /dev/null 2>&1 &&
+      GDN_CUDA_GROUP=0 ./$B/gdn bench $args --json "$OUT/group-off-$r.json" > /dev/null 2>&1
+    rc=$?
+  done
+  note "groupbench rc=$rc"
+  python3 - "$OUT" <<'PY'
+import glob, json, sys
+best = {}
+for f in glob.glob(sys.argv[1] + "/group-*-?.json"):
+    which = f.rsplit("/", 1)[1].split("-")[1]
+    for r in json.load(open(f))["rows"]:
+        k = (r["model"], r["state"], r["T"], "cache" if r["cache"] else "-", r["B"])
+        best[which, k] = min(best.get((which, k), float("inf")), r["us"])
+for k in sorted({k for (_, k) in best}):
+    a, b = best.get(("off", k)), best.get(("rule", k))
+    if a and b and abs(b / a - 1) > 0.01:
+        print(*k, f"off {a:.2f} us, planner {b:.2f} us, {b / a:.3f}")
+PY
 fi
 if has quickbench; then
   ./$B/gdn bench --quick --json "$OUT/bench-quick.json" > "$OUT/bench-quick.log" 2>&1
