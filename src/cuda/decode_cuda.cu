@@ -580,10 +580,17 @@ bool kv_group_pays(const Problem& p, int64_t blocks, bool f32_state, bool chunke
   if (!chunked) return 2 * blocks >= 3 * sms;
   return p.T == 2 && blocks >= kKvGroupChunkBlocksPerSm * sms;
 }
-// A launch of the group kernel (group.cuh) with the shared memory of `lay`: `blocks` blocks of one
-// (row, q/k head), stages of rt rows (KV: columns), `tiles` per value head, nb buffers, T tokens.
-// Each planner adds its own fields.
-LaunchPlan group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb, int T) {
+// The shapes the group kernel (group.cuh) takes in either use: K = 128, whole stages of rt rows
+// (KV: columns) per value head, every token staged at once, and one (head, token) of the gates per
+// thread (its loader).
+bool group_shape_ok(const Problem& p, int rt) {
+  return p.K == 128 && p.V % rt == 0 && p.T <= kMaxChunk && p.HV / p.H * p.T <= kGroupThreads;
+}
+// A launch of the group kernel with the shared memory of `lay`: `blocks` blocks of one (row, q/k
+// head), stages of rt rows (KV: columns), `tiles` per value head, nb buffers, T tokens; false where
+// the shared memory or the grid does not fit. Each planner adds its own fields.
+bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb, int T, LaunchPlan& out) {
+  if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
   LaunchPlan lp;
   lp.group = true;
   lp.tile = true;
@@ -596,7 +603,8 @@ LaunchPlan group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, i
   lp.geo.tiles = tiles;
   lp.geo.buffers = nb;
   lp.geo.chunk = T;
-  return lp;
+  out = lp;
+  return true;
 }
 
 // chunked: plan_kv_chunk takes this call.
@@ -604,9 +612,7 @@ template <typename S>
 bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
   using Kv = GroupKvShape<S, 128>;
   const int mode = group_mode();
-  if (mode == 0 || p.K != 128 || p.V % Kv::VT != 0 || p.T > kMaxChunk || p.HV / p.H * p.T > kGroupThreads ||
-      p.v.s[2] != p.V * p.v.s[3])
-    return false;
+  if (mode == 0 || !group_shape_ok(p, Kv::VT) || p.v.s[2] != p.V * p.v.s[3]) return false;
   const int64_t blocks = p.B * p.H;
   if (mode == 1 && !kv_group_pays(p, blocks, sizeof(S) == 4, chunked)) return false;
   const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
@@ -615,8 +621,7 @@ bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
   const int raw = GroupSmem::up16(T * (2 * 128 + group * V) * dtype_bytes_host(p.q.dtype));
   const GroupSmem lay(128, V, group, T, 0, 0, false, Kv::VT, nb, static_cast<int>(sizeof(S)), false, 0, 0,
                       Kv::kRedFloats, raw);
-  if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
-  lp = group_plan(blocks, lay, Kv::VT, tiles, nb, T);
+  if (!group_plan(blocks, lay, Kv::VT, tiles, nb, T, lp)) return false;
   lp.geo.raw_bytes = raw;
   return true;
 }
@@ -740,7 +745,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
   const int mode = group_mode();
   const int rt = p.layout_kv ? GroupKvShape<S, 128>::VT : kGroupRows;  // stage rows (KV: columns)
-  if (mode == 0 || p.K != 128 || p.V % rt != 0 || p.T > kMaxChunk || p.HV / p.H * p.T > kGroupThreads) return false;
+  if (mode == 0 || !group_shape_ok(p, rt)) return false;
   const ConvPath conv = fused_conv_path(f, 1);
   if (conv == kConvScalar) return false;
   const int64_t blocks = p.B * p.H;
@@ -759,8 +764,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const GroupSmem lay(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L),
                       conv == kConvCm, rt, nb, static_cast<int>(sizeof(S)), norm, zb, wb,
                       p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
-  if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
-  lp = group_plan(blocks, lay, rt, tiles, nb, T);
+  if (!group_plan(blocks, lay, rt, tiles, nb, T, lp)) return false;
   lp.geo.qkv_vec = false;
   lp.geo.conv_vec = true;
   lp.geo.conv_cm = conv == kConvCm;
