@@ -93,10 +93,10 @@ if has groupbench; then
   # alternately twice: plan_kv_group's rule re-measured on this card (src/cuda/decode_cuda.cu).
   # A line per cell where the two differ by more than 1%, min of the two runs each.
   args="--op decode --mode pool --layout kv --T 1,2,4,8 --cache all --update on --B ${GROUP_B:-8,16,32,64,128,256}"
+  rc=0
   for r in 1 2; do
     ./$B/gdn bench $args --json "$OUT/group-rule-$r.json" > /dev/null 2>&1 &&
-      GDN_CUDA_GROUP=0 ./$B/gdn bench $args --json "$OUT/group-off-$r.json" > /dev/null 2>&1
-    rc=$?
+      GDN_CUDA_GROUP=0 ./$B/gdn bench $args --json "$OUT/group-off-$r.json" > /dev/null 2>&1 || rc=1
   done
   note "groupbench rc=$rc"
   python3 - "$OUT" <<'PY'
