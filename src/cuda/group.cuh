@@ -141,23 +141,6 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Gro
   }
 }
 
-// decode: the raw q [T][K], k [T][K] and v [T][gV] (stage_issue_plan's order) converted to fp32,
-// q and k at the layout's Pos positions, v in order.
-template <typename E, class Pos, int K, int NT>
-__device__ __forceinline__ void group_convert(const void* raw, float* q_s, float* k_s, float* v_s, int T, int gV) {
-  const E* const r = static_cast<const E*>(raw);
-  const int nq = T * K;
-  for (int i = threadIdx.x; i < 2 * nq + T * gV; i += NT) {
-    const float x = to_f32(r[i]);
-    if (i < 2 * nq) {
-      const int e = i % K, row = i / K;  // q rows, then k rows
-      (row < T ? q_s : k_s)[(row < T ? row : row - T) * K + Pos{}(e)] = x;
-    } else {
-      v_s[i - 2 * nq] = x;
-    }
-  }
-}
-
 // Registers for three resident blocks per SM (168; shared memory allows three at 16-bit states and
 // T = 1, fewer at fp32 and longer T): a cap of 128 for four was slower everywhere
 // (bf16 B = 64 52.5 -> 60.8 us, fp32 83.1 -> 89.4; docs/design.md).
@@ -311,18 +294,16 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   }
 
   if constexpr (!kConv) {
-    using Pos = typename Kv::Pos;
-    switch (p.q.dtype) {
-      case DType::kF32:
-        group_convert<float, Pos, K, NT>(win, q_s, k_s, v_s, T, gV);
-        break;
-      case DType::kBF16:
-        group_convert<__nv_bfloat16, Pos, K, NT>(win, q_s, k_s, v_s, T, gV);
-        break;
-      default:
-        group_convert<__half, Pos, K, NT>(win, q_s, k_s, v_s, T, gV);
-        break;
-    }
+    // decode: q, k and v to fp32 as the tile kernels convert them (q and k at KV's positions). Its
+    // token scalars (head 0's) are written again, the same for every head, by the loop below.
+    StageSmem cv{};
+    cv.raw = reinterpret_cast<unsigned char*>(win);
+    cv.q = q_s;
+    cv.k = k_s;
+    cv.v = v_s;
+    cv.tok = tok_s;
+    cv.chunk = T;
+    stage_convert<K, NT>(p, geo, cv, T, gV, typename Kv::Pos{});
   }
   for (int item = tid; kConv && item < G8 * 4 * T; item += NT) {
     const int sub = item & 3, g = (item >> 2) % G8, t = item / (4 * G8);
