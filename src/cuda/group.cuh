@@ -16,10 +16,9 @@
 // Both state layouts (kKv). VK: a stage is RT = kGroupRows rows of one value head, each
 // thread holding RR rows of a K-slice (vk_step's math). KV: a stage is the K x VT tile of VT
 // columns of one value head (16 KB: VT = 64 at 16-bit states, 32 at fp32), each thread holding
-// the rows of one 16-byte column vector (GroupKvShape; the KV kernels' math, kv_tokens) and
+// K / 16 rows of one 16-byte column vector (GroupKvShape; the KV kernels' math, kv_tokens) and
 // copying exactly the pieces it later reads, so a stage needs no barrier to land or to be
-// reused; at 16-bit states a warp holds all K rows of its columns and the per-token sums stay
-// in it, at fp32 they cross the block through kv_reduce's shared buffers.
+// reused; the per-token sums cross the block through kv_reduce's shared buffers.
 //
 // Host: plan_fused_group and plan_kv_group (decode_cuda.cu). K = 128, 16-byte state rows; the
 // fused step the conv's 16-byte path (mixed_qkv, conv state and taps of one 16-bit dtype; the
@@ -36,12 +35,10 @@ constexpr int kGroupThreads = kVkThreads;
 constexpr int kGroupRR = 4;                                   // state rows per thread
 constexpr int kGroupRows = kGroupRR * (kGroupThreads / 8);    // RT at K = 128: 64 rows, one pass
 constexpr int kGroupMaxBuffers = 4;
-// KV at 16-bit states: each warp owns 16 columns and all K rows (2 lanes of 16 bytes along V,
-// K / 16 rows per thread), so a token's sums stay in the warp and the warps of a block never
-// wait for each other inside a stage. fp32: 8 lanes along V, k-groups across the block's warps
-// (a warp's columns and all K rows would be 128 registers of state per thread, or 32 KB stages).
+// KV: 8 lanes of 16 bytes along V (a 128-byte line of each row per warp instruction), K / 16
+// rows per thread at 128 threads.
 template <typename S, int K>
-using GroupKvShape = KvShape<S, K, kGroupThreads, sizeof(S) == 4 ? 8 : 2, sizeof(S) == 4 ? kGroupThreads / 32 : 1>;
+using GroupKvShape = KvShape<S, K, kGroupThreads, 8>;
 
 // Byte offsets of the block's shared memory, each region 16-byte aligned. Host and device build
 // it from the same numbers (plan_fused_group, group_kernel).
@@ -158,7 +155,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   using Kv = GroupKvShape<S, K>;
   constexpr int VE = Sh::VE, NV = Sh::NV, L = Sh::L, G = Sh::G, PR = K / VE;
   static_assert(G * RR == kGroupRows || K != 128);
-  static_assert(!kKv || Kv::kThreads == NT);
+  static_assert(!kKv || Kv::LV * Kv::KG == NT);
   static_assert(kConv || (kKv && !kNorm), "decode's group kernel: the KV layout, no norm");
   const Problem& p = f.step;
   const int T = static_cast<int>(p.T), V = static_cast<int>(p.V), W = static_cast<int>(f.W);
@@ -187,8 +184,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
   const int rg = tid / L, j = tid % L;  // VK: row group and lane within the row (VkShape)
-  const int vl = lane % Kv::LV, kgw = lane / Kv::LV;  // KV (KvShape)
-  const int kg = Kv::kgroup(warp, kgw), cv = Kv::cvec(warp, vl);
+  const int vl = lane % Kv::LV, kgw = lane / Kv::LV, kg = warp * Kv::KGW + kgw;  // KV (KvShape)
   const uint32_t bx = blockIdx.x, H32 = static_cast<uint32_t>(p.H);
   const int64_t n = bx / H32, h = bx - static_cast<uint32_t>(n) * H32;
   const int64_t hv0 = h * group;
@@ -269,7 +265,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
 #pragma unroll
         for (int i = 0; i < Kv::RPT; ++i) {
           const int r = i * Kv::KG + kg;
-          cp_async16(dst + r * RT + Kv::smem_vec(r, cv) * VE, head + r * p.state.s[2] + r0 + cv * VE);
+          cp_async16(dst + r * RT + vl * VE, head + r * p.state.s[2] + r0 + vl * VE);
         }
       } else {
         const S* const src = head + r0 * p.state.s[2];
@@ -300,14 +296,14 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   if constexpr (!kConv) {
     // decode: q, k and v to fp32 as the tile kernels convert them (q and k at KV's positions). Its
     // token scalars (head 0's) are written again, the same for every head, by the loop below.
-    StageSmem stg{};
-    stg.raw = reinterpret_cast<unsigned char*>(win);
-    stg.q = q_s;
-    stg.k = k_s;
-    stg.v = v_s;
-    stg.tok = tok_s;
-    stg.chunk = T;
-    stage_convert<K, NT>(p, geo, stg, T, gV, typename Kv::Pos{});
+    StageSmem cv{};
+    cv.raw = reinterpret_cast<unsigned char*>(win);
+    cv.q = q_s;
+    cv.k = k_s;
+    cv.v = v_s;
+    cv.tok = tok_s;
+    cv.chunk = T;
+    stage_convert<K, NT>(p, geo, cv, T, gV, typename Kv::Pos{});
   }
   for (int item = tid; kConv && item < G8 * 4 * T; item += NT) {
     const int sub = item & 3, g = (item >> 2) % G8, t = item / (4 * G8);
@@ -357,22 +353,18 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
 
   if constexpr (kKv) {
     // The stages: value head hi = s / tiles, columns (s % tiles) * VT on. A thread waits for its
-    // own pieces only; the token scalars (written above by other warps) need one barrier. At
-    // 16-bit states no other barrier follows until the norm (kv_reduce stays in the warp).
+    // own pieces only; the token scalars (written above by other warps) need one barrier.
     __syncthreads();
     float* const red = reinterpret_cast<float*>(base + lay.red);
     int par = 0;
     for (int s = 0; s < NS; ++s) {
       const int hi = s / tiles;
-      const int64_t col = static_cast<int64_t>(s - hi * tiles) * RT + cv * VE;
+      const int64_t col = static_cast<int64_t>(s - hi * tiles) * RT + vl * VE;
       cp_async_wait_pending(NB - 1);
-      const S* const tile = buf + (s % NB) * RT * K;
+      const S* const tile = buf + (s % NB) * RT * K + vl * VE;
       float st[Kv::RPT][VE];
 #pragma unroll
-      for (int i = 0; i < Kv::RPT; ++i) {
-        const int r = i * Kv::KG + kg;
-        load_state_vec<S, true>(tile + r * RT + Kv::smem_vec(r, cv) * VE, st[i]);
-      }
+      for (int i = 0; i < Kv::RPT; ++i) load_state_vec<S, true>(tile + (i * Kv::KG + kg) * RT, st[i]);
       issue_stage(s + NB);
       sm.tok = tok_s + hi * T * kTokScalars;
       kv_tokens<Kv, S, true, kNorm, kSr>(p, slots, n, 0, T, hv0 + hi, col, true, st, sm, v_s + hi * V + col, gV,

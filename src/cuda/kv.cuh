@@ -17,41 +17,26 @@
 
 namespace gdn::detail::cuda {
 
-template <typename S, int K, int NTh = (sizeof(S) == 4 ? 128 : 256), int LVn = 8, int KWn = NTh / 32>
+template <typename S, int K, int NTh = (sizeof(S) == 4 ? 128 : 256), int LVn = 8>
 struct KvShape {
   static constexpr int VE = kVecElems<S>;
   static constexpr int LV = LVn;                     // lanes along V
+  static constexpr int VT = LV * VE;                 // columns per block
   static constexpr int kThreads = NTh;
   static constexpr int NW = kThreads / 32;
-  // Warps along K: all of them (the per-token sums cross the block through shared memory), or
-  // one (each warp owns its columns and all K rows; the sums stay in the warp, no barrier).
-  static constexpr int KW = KWn;
-  static constexpr int CW = NW / KW;                 // warps along V
-  static constexpr int VT = LV * VE * CW;            // columns per block
   static constexpr int KGW = 32 / LV;                // k-groups per warp
-  static constexpr int KG = KGW * KW;                // k-groups per block
+  static constexpr int KG = kThreads / LV;           // k-groups per block
   static constexpr int RPT = K / KG;                 // rows per thread
   static constexpr int RED = 2 * VE + 4;             // padded partials per lane (bank spread)
   static_assert(K % KG == 0 && RPT >= 1);
-  static_assert(KW == NW || KW == 1, "k-groups span every warp or one");
 
   // q/k of row k at (k % KG) * RPT + k / KG: a thread's RPT rows are contiguous.
   struct Pos {
     __device__ __forceinline__ int operator()(int e) const { return (e % KG) * RPT + e / KG; }
   };
-  // A thread's k-group (its rows i * KG + kg) and its 16-byte column vector within the block.
-  static __device__ __forceinline__ int kgroup(int warp, int kgw) { return (warp % KW) * KGW + kgw; }
-  static __device__ __forceinline__ int cvec(int warp, int vl) { return (warp / KW) * LV + vl; }
-  // Where vector c of row r of a [K][VT] tile sits in shared memory (group.cuh's stages). An
-  // 8-lane phase of a 16-byte access reads 8 / LV consecutive rows of the same LV vectors: with
-  // LV < 8 the xor spreads them over distinct banks (a row is VT / VE >= 8 vectors).
-  static __device__ __forceinline__ int smem_vec(int r, int c) {
-    static_assert(LV == 8 || VT / VE >= 8);
-    return c ^ ((r % (8 / LV)) * LV);
-  }
 
   // Shared memory floats beyond the staged tokens: the double-buffered partial sums.
-  static constexpr int kRedFloats = KW > 1 ? 2 * NW * LV * RED : 0;
+  static constexpr int kRedFloats = 2 * NW * LV * RED;
 };
 
 template <int N>
@@ -75,9 +60,8 @@ __device__ __forceinline__ void load_smem_row(const float* src, float* dst) {
 }
 
 // Cross-thread sum of the partial dot products (shared by both KV kernels): an xor-shuffle
-// over the warp's k-groups, then, where k-groups span the warps, across warps through shared
-// memory (double-buffered by token parity: one barrier per token; every thread of the block
-// must call it then).
+// over the warp's k-groups, then across warps through shared memory (double-buffered by
+// token parity: one barrier per token). Every thread of the block must call it.
 template <typename Sh>
 __device__ __forceinline__ void kv_reduce(float* s_red, int buf, int warp, int vl, int kgw,
                                           float (&sk)[Sh::VE], float (&sq)[Sh::VE]) {
@@ -90,7 +74,6 @@ __device__ __forceinline__ void kv_reduce(float* s_red, int buf, int warp, int v
       sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], off);
     }
   }
-  if constexpr (Sh::KW == 1) return;  // the warp held every k-group of its columns
   float* red = s_red + buf * (NW * LV * RED);
   if (kgw == 0) {
     float4* dst = reinterpret_cast<float4*>(red + (warp * LV + vl) * RED);
