@@ -239,6 +239,29 @@ TEST_P(Fused, LargeGvaGroups) {
   }
 }
 
+// A GVA group times T above 128 (16 value heads per q/k head, T = 9): more (head, token) gates
+// than the CUDA group kernel's 128 threads load, one each, so both of its planners must refuse
+// it (group_shape_ok) and another kernel runs; under ctest's group_forced.* copy
+// (GDN_CUDA_GROUP=2) this fails if the check goes. The fused step without the norm and decode on
+// the KV layout, the two uses of the group kernel, with the same shape.
+TEST_P(Fused, GvaGroupTimesTokensAbove128) {
+  GDN_SEED();
+  for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+    for (bool fused : {true, false}) {
+      if (!fused && layout == StateLayout::kVK) continue;  // decode's group kernel takes KV only
+      SCOPED_TRACE(std::string(layout == StateLayout::kVK ? "VK" : "KV") + (fused ? " fused" : " decode"));
+      Config cfg = base(Addressing::kPool, 1, 9);
+      cfg.HV = 16;
+      cfg.K = cfg.V = 128;
+      cfg.layout = layout;
+      cfg.state_dtype = kBFloat16;
+      cfg.fused = fused;
+      cfg.norm = cfg.gate_z = false;
+      run_and_compare(backend(), make_case(cfg, seed + (fused ? 0 : 1) + (layout == StateLayout::kKV ? 2 : 0)));
+    }
+  }
+}
+
 // SiLU far outside its exponential's range, in the conv and in the norm's gate: mixed_qkv
 // entries of +-1000 at token 1 make conv outputs of both signs far beyond +-88, where silu(x) is x
 // or a signed zero, and z at -1000 over a whole (row, token, value head) zeroes that output
