@@ -10,6 +10,7 @@
 // a plain copy kernel that moves the same state bytes in the same graph: the floor that launch,
 // latency and bandwidth leave for any kernel, measured instead of modelled.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,7 +56,7 @@ const char* mode_name(Mode m) { return m == Mode::kDense ? "dense" : m == Mode::
 
 struct Config {
   const Model* model;
-  bool bf16_state;
+  DLDataType state;  // fp32, bf16 or fp16
   bool layout_kv;
   Mode mode;
   int T;
@@ -63,8 +64,10 @@ struct Config {
   bool cache;
   bool update;
   bool fused = false;  // gdn::fused_decode (op "fused") instead of gdn::decode
-  bool sr = false;     // stochastic rounding of the bf16 state stores (rounding_seed given)
+  bool sr = false;     // stochastic rounding of the 16-bit state stores (rounding_seed given)
 };
+
+const char* state_name(DLDataType t) { return t.bits == 32 ? "fp32" : t.code == kDLBfloat ? "bf16" : "fp16"; }
 
 using gdn::tools::kConvL;  // the fused rows' conv (bench.h)
 using gdn::tools::kConvW;
@@ -176,8 +179,8 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
   const Model& m = *c.model;
   const int64_t B = c.B, T = c.T, H = m.H, HV = m.HV, K = m.K, V = m.V;
   const int64_t rows = c.layout_kv ? K : V, cols = c.layout_kv ? V : K;
-  const int64_t es = c.bf16_state ? 2 : 4;
-  const DLDataType sdt = c.bf16_state ? gdn::kBFloat16 : gdn::kFloat32;
+  const int64_t es = c.state.bits / 8;
+  const DLDataType sdt = c.state;
   const DLDevice dl = gdn::cuda_device(dev.id);
   const int64_t mat = HV * rows * cols;  // elements per slot
   const int64_t pad = c.mode == Mode::kDense ? 0 : std::llround(0.2 * B);
@@ -289,10 +292,12 @@ Setup make_setup(const Config& c, const Device& dev, Arena& arena, const Options
   for (int64_t i = 0; i < N; ++i) {
     gdn::DecodeArgs args = base;
     void* st = arena.take(P * mat * es);
-    if (c.bf16_state) {
+    if (c.state.bits == 32) {
+      fill<float>(st, P * mat, 0.1732f, seed + 100 + i, s);
+    } else if (c.state.code == kDLBfloat) {
       fill<__nv_bfloat16>(st, P * mat, 0.1732f, seed + 100 + i, s);
     } else {
-      fill<float>(st, P * mat, 0.1732f, seed + 100 + i, s);
+      fill<__half>(st, P * mat, 0.1732f, seed + 100 + i, s);
     }
     args.state = gdn::make_view(st, sdt, dl, {P, HV, rows, cols});
     if (c.cache) {
@@ -446,7 +451,7 @@ Result run_config(const Config& c, const Device& dev, Arena& arena, const Option
 void eager_latency(const Device& dev, Arena& arena, const Options& opt, cudaStream_t s,
                    double& eager_us, double& host_us) {
   arena.used = 0;
-  Config c{&kModels[0], false, false, Mode::kDense, 1, 1, false, true};
+  Config c{&kModels[0], gdn::kFloat32, false, Mode::kDense, 1, 1, false, true};
   Options o = opt;
   o.l2_multiple = 0;  // one state set: this measures launch cost, not bandwidth
   Setup su = make_setup(c, dev, arena, o, s, 7);
@@ -486,8 +491,9 @@ std::vector<Config> make_sweep(const Options& opt) {
   if (!pick(opt.op, fused ? "fused" : "decode")) continue;
   for (const Model& m : kModels) {
     if (!pick(opt.model, m.name)) continue;
-    for (bool bf16 : {false, true}) {
-      if (!pick(opt.state, bf16 ? "bf16" : "fp32")) continue;
+    for (DLDataType sd : {gdn::kFloat32, gdn::kBFloat16, gdn::kFloat16}) {
+      // fp16 states only when named: "all" keeps the sweep to the states engines hold.
+      if (sd.code == kDLFloat && sd.bits == 16 ? opt.state != "fp16" : !pick(opt.state, state_name(sd))) continue;
       for (bool kv : {false, true}) {
         // default: VK everywhere, KV on a subset (dense, T in {1, 4}, cache off, update on).
         const bool subset = kv && opt.layout == "default";
@@ -506,8 +512,8 @@ std::vector<Config> make_sweep(const Options& opt) {
                   if (opt.quick && T > 1 && !(cache && update)) continue;
                   if (subset && (cache || !update)) continue;
                   for (bool sr : {false, true}) {
-                    if (!pick(opt.rounding, sr ? "stochastic" : "nearest") || (sr && !bf16)) continue;
-                    out.push_back(Config{&m, bf16, kv, mode, T, B, cache, update, fused, sr});
+                    if (!pick(opt.rounding, sr ? "stochastic" : "nearest") || (sr && sd.bits == 32)) continue;
+                    out.push_back(Config{&m, sd, kv, mode, T, B, cache, update, fused, sr});
                   }
                 }
               }
@@ -565,7 +571,7 @@ int bench_main(const Options& opt) {
   for (size_t i = 0; i < sweep.size(); ++i) {
     const Config& c = sweep[i];
     std::fprintf(stderr, "\r[bench %zu/%zu] %s %s %s %s T=%d B=%d          ", i + 1, sweep.size(),
-                 c.model->name, c.bf16_state ? "bf16" : "fp32", c.layout_kv ? "KV" : "VK",
+                 c.model->name, state_name(c.state), c.layout_kv ? "KV" : "VK",
                  mode_name(c.mode), c.T, c.B);
     std::fflush(stderr);
     try {
@@ -573,7 +579,7 @@ int bench_main(const Options& opt) {
       results.push_back(r);
       std::printf("%-6s %-10s %-7s %-3s %-5s %3d %4d %-5s %-6s %10.2f %7.3f %5.1f%% %10.2f",
                   c.fused ? "fused" : "decode", c.model->name,
-                  c.bf16_state ? (c.sr ? "bf16+sr" : "bf16") : "fp32", c.layout_kv ? "KV" : "VK",
+                  (std::string(state_name(c.state)) + (c.sr ? "+sr" : "")).c_str(), c.layout_kv ? "KV" : "VK",
                   mode_name(c.mode), c.T, c.B, c.cache ? "on" : "off", c.update ? "on" : "off", r.us,
                   r.tbs, 100.0 * r.tbs / copy_tbs, r.floor_us);
       if (r.copy_us >= 0) std::printf(" %10.2f", r.copy_us);
@@ -582,7 +588,7 @@ int bench_main(const Options& opt) {
     } catch (const std::exception& e) {
       ++failures;
       std::fprintf(stderr, "\n[bench] %s %s T=%d B=%d: %s\n", c.model->name,
-                   c.bf16_state ? "bf16" : "fp32", c.T, c.B, e.what());
+                   state_name(c.state), c.T, c.B, e.what());
       (void)cudaGetLastError();
       if (cudaStreamSynchronize(s) != cudaSuccess) break;  // a sticky error ends the sweep
     }
@@ -603,7 +609,7 @@ int bench_main(const Options& opt) {
       const Config& c = r.c;
       rows.push_back({{"op", c.fused ? "fused" : "decode"},
                       {"model", c.model->name},
-                      {"state", c.bf16_state ? "bf16" : "fp32"},
+                      {"state", state_name(c.state)},
                       {"layout", c.layout_kv ? "KV" : "VK"},
                       {"mode", mode_name(c.mode)},
                       {"T", c.T},
