@@ -67,10 +67,9 @@ struct Config {
   bool sr = false;     // stochastic rounding of the 16-bit state stores (rounding_seed given)
 };
 
-const char* state_name(DLDataType t) { return t.bits == 32 ? "fp32" : t.code == kDLBfloat ? "bf16" : "fp16"; }
-
 using gdn::tools::kConvL;  // the fused rows' conv (bench.h)
 using gdn::tools::kConvW;
+using gdn::tools::state_name;
 
 // ---------------------------------------------------------------------------------------
 // Random fill on the device: a counter hash to a uniform in [-amp, amp) (never all zeros;

@@ -20,6 +20,9 @@ namespace gdn::tools {
 constexpr int64_t kConvW = 4;
 constexpr int64_t kConvL = kConvW - 1;
 
+// A state dtype's name in the benches' rows and options: fp32, bf16 or fp16.
+inline const char* state_name(DLDataType t) { return t.bits == 32 ? "fp32" : t.code == kDLBfloat ? "bf16" : "fp16"; }
+
 // The options of both benches. An empty list or string means "the bench's own default".
 struct BenchOptions {
   std::string device = "auto";

@@ -62,7 +62,7 @@ enum class Mode { kDense, kPool, kSplit };
 const char* mode_name(Mode m) { return m == Mode::kDense ? "dense" : m == Mode::kPool ? "pool" : "split"; }
 
 constexpr DLDataType kStates[] = {kFloat32, kBFloat16, kFloat16};
-const char* state_name(DLDataType t) { return t.bits == 32 ? "fp32" : t.code == kDLBfloat ? "bf16" : "fp16"; }
+using gdn::tools::state_name;
 
 struct Config {
   const Model* model;

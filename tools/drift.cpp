@@ -70,7 +70,6 @@ constexpr Variant kVariants[] = {{"fp32", kFloat32, false},
                                  {"fp16+sr", kFloat16, true}};
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-const char* dtype_label(DLDataType t) { return t.bits == 32 ? "fp32" : t.code == kDLBfloat ? "bf16" : "fp16"; }
 
 double element(const void* base, DLDataType t, int64_t i) {
   if (t.bits == 32) return static_cast<const float*>(base)[i];
@@ -355,7 +354,7 @@ nlohmann::json mode_json(const ModeResult& r) {
   nlohmann::json variants = nlohmann::json::array();
   for (int i = 0; i < kNumVariants; ++i)
     variants.push_back({{"name", kVariants[i].name},
-                        {"state", dtype_label(kVariants[i].state)},
+                        {"state", state_name(kVariants[i].state)},
                         {"rounding", kVariants[i].stochastic ? "stochastic" : "nearest"},
                         {"differs_from_nearest", kVariants[i].stochastic ? nlohmann::json(r.differs[i]) : nlohmann::json()},
                         {"o", r.o[i]},
