@@ -190,14 +190,21 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   const int64_t hv0 = h * group;
   const int G8 = lay.G8, first = conv_first_col(Lc, W), lc = Lc - first;
 
+  // The staged tokens as the tile kernels' helpers see them (decode's raw inputs in the window
+  // area); in the stages, tok: the stage's head's token scalars.
+  StageSmem sm{};
+  sm.raw = reinterpret_cast<unsigned char*>(win);
+  sm.q = q_s;
+  sm.k = k_s;
+  sm.v = v_s;
+  sm.tok = tok_s;
+  sm.chunk = T;
+
   // decode: q and k of head h and the group's v (its heads adjacent: v's head stride is V, host-
   // checked), raw, into the staging area; the plan computed while the block waits (stage_plan).
   StagePlan plan;
   if constexpr (!kConv) {
-    StageSmem raw{};
-    raw.raw = reinterpret_cast<unsigned char*>(win);
-    raw.chunk = T;
-    plan = stage_plan(p, geo, raw, n, 0, T, hv0, 0, gV);
+    plan = stage_plan(p, geo, sm, n, 0, T, hv0, 0, gV);
     stage_plan_pin(plan);
   }
   warm_params(f);
@@ -296,14 +303,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   if constexpr (!kConv) {
     // decode: q, k and v to fp32 as the tile kernels convert them (q and k at KV's positions). Its
     // token scalars (head 0's) are written again, the same for every head, by the loop below.
-    StageSmem cv{};
-    cv.raw = reinterpret_cast<unsigned char*>(win);
-    cv.q = q_s;
-    cv.k = k_s;
-    cv.v = v_s;
-    cv.tok = tok_s;
-    cv.chunk = T;
-    stage_convert<K, NT>(p, geo, cv, T, gV, typename Kv::Pos{});
+    stage_convert<K, NT>(p, geo, sm, T, gV, typename Kv::Pos{});
   }
   for (int item = tid; kConv && item < G8 * 4 * T; item += NT) {
     const int sub = item & 3, g = (item >> 2) % G8, t = item / (4 * G8);
@@ -344,12 +344,6 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   // channels, and it has read them.
   for (int g = tid; kConv && g < G8; g += NT)
     conv_vec_store_group(f, win, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
-
-  StageSmem sm{};  // per stage, tok: its head's token scalars
-  sm.q = q_s;
-  sm.k = k_s;
-  sm.v = v_s;
-  sm.chunk = T;
 
   if constexpr (kKv) {
     // The stages: value head hi = s / tiles, columns (s % tiles) * VT on. A thread waits for its
