@@ -140,12 +140,18 @@ bool qkv_vec_ok(const Problem& p) {
   return true;
 }
 
+// The raw staging area of `tokens` tokens (StageSmem::raw: q and k of K elements and nc values
+// of v per token, es bytes each), 16-byte aligned.
+size_t stage_raw_bytes(int64_t tokens, int64_t K, int64_t nc, int64_t es) {
+  return (static_cast<size_t>(tokens) * (2 * K + nc) * es + 15) / 16 * 16;
+}
+
 // Tokens per staged chunk and the staging bytes: as many tokens as fit the budget (<= 16).
 void fit_chunk(const Problem& p, int nc, size_t fixed_bytes, LaunchPlan& lp) {
   const int64_t es = dtype_bytes_host(p.q.dtype);
   int chunk = static_cast<int>(p.T < kMaxChunk ? p.T : kMaxChunk);
   for (;; --chunk) {
-    const size_t raw = (static_cast<size_t>(chunk) * (2 * p.K + nc) * es + 15) / 16 * 16;
+    const size_t raw = stage_raw_bytes(chunk, p.K, nc, es);
     const size_t f32 = sizeof(float) * chunk * (2 * p.K + kTokScalars + nc);
     if (fixed_bytes + raw + f32 <= kSmemBudget || chunk == 1) {
       lp.geo.chunk = chunk;
@@ -189,9 +195,8 @@ LaunchPlan plan_vk(const Problem& p, bool vec) {
 // `fused`: the raw area holds the conv outputs in fp32, and the fused step's own shared memory
 // (fused.cuh) follows.
 size_t stage_all_tokens(const Problem& p, int nc, LaunchPlan& lp, bool fused = false) {
-  const int64_t es = fused ? 4 : dtype_bytes_host(p.q.dtype);
   const int chunk = static_cast<int>(p.T);
-  const size_t raw = (static_cast<size_t>(chunk) * (2 * p.K + nc) * es + 15) / 16 * 16;
+  const size_t raw = stage_raw_bytes(chunk, p.K, nc, fused ? 4 : dtype_bytes_host(p.q.dtype));
   const size_t f32 = sizeof(float) * chunk * (2 * p.K + kTokScalars + nc);
   lp.geo.chunk = chunk;
   lp.geo.raw_bytes = static_cast<int>(raw);
@@ -618,7 +623,7 @@ bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
   const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / Kv::VT;
   const int nb = std::min(3, group * tiles);
-  const int raw = GroupSmem::up16(T * (2 * 128 + group * V) * dtype_bytes_host(p.q.dtype));
+  const int raw = static_cast<int>(stage_raw_bytes(T, 128, group * V, dtype_bytes_host(p.q.dtype)));
   const GroupSmem lay(128, V, group, T, 0, 0, false, Kv::VT, nb, static_cast<int>(sizeof(S)), false, 0, 0,
                       Kv::kRedFloats, raw);
   if (!group_plan(blocks, lay, Kv::VT, tiles, nb, T, lp)) return false;
