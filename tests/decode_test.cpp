@@ -570,15 +570,15 @@ TEST_P(Decode, VerifyDecayFromNoneToTotal) {
 
 // Verify without stored intermediate states, bf16 q/k: the CUDA chunked form (src/cuda/vk_chunk.cuh:
 // products with all T tokens at once on tensor cores, a per-row triangular solve, one rank-T
-// update; the KV layout on the transposed tile, its fp32 state split into three bf16 terms). It
-// takes a bf16 state in both layouts and an fp32 state in the KV layout (VK fp32 keeps the token
-// loop, tested elsewhere).
+// update; the KV layout on the transposed tile, an fp32 state split into three bf16 terms, an
+// fp16 state into two). It takes 16-bit states in both layouts and an fp32 state in the KV
+// layout (VK fp32 keeps the token loop, tested elsewhere).
 // These grids are below its default threshold, so the plain run checks the token loop and
 // ctest's chunk_forced.* copy (GDN_CUDA_VK_CHUNK=2) the chunked kernel: there, a mutant without
 // the decay on S0 q, and one with the update's weights in one bf16 term instead of three (>1 ulp
 // on ~6% of the state), both failed it on the H100. T from 2 to 16, every K, tiles of 16 to 256
 // rows (B * HV from 2 to 280), packed qkv views, split and padded pools, update_state off,
-// each output dtype, both gate forms; every run in each of those three layout and state pairs.
+// each output dtype, both gate forms; every run in each of those five layout and state pairs.
 TEST_P(Decode, VerifyChunkedForm) {
   GDN_SEED();
   struct Run {
@@ -602,12 +602,12 @@ TEST_P(Decode, VerifyChunkedForm) {
   };
   uint64_t s = seed;
   for (const StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
-    for (const DLDataType state : {kBFloat16, kFloat32}) {
+    for (const DLDataType state : {kBFloat16, kFloat16, kFloat32}) {
       if (layout == StateLayout::kVK && state.bits == 32) continue;
       for (const Run& r : runs) {
         SCOPED_TRACE("K=" + std::to_string(r.K) + " V=" + std::to_string(r.V) + " T=" + std::to_string(r.T) +
-                     " B=" + std::to_string(r.B) + " HV=" + std::to_string(r.HV) +
-                     (state.bits == 32 ? " fp32 state" : " bf16 state") +
+                     " B=" + std::to_string(r.B) + " HV=" + std::to_string(r.HV) + " " + dtype_name(state) +
+                     " state" +
                      (layout == StateLayout::kKV ? " KV" : " VK"));
         Config cfg = base(r.mode, r.B, r.T);
         cfg.H = r.HV / 2;

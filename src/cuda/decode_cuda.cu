@@ -80,8 +80,8 @@ bool vk_fine_enabled() {
   static const bool v = env_int("GDN_CUDA_VK_FINE", 1) != 0;
   return v;
 }
-//   GDN_CUDA_VK_CHUNK=0|1|2   T > 1 without stored intermediate states (bf16 state, or fp32 in the KV
-//                             layout; bf16 q/k):
+//   GDN_CUDA_VK_CHUNK=0|1|2   T > 1 without stored intermediate states (16-bit state, or fp32 in the
+//                             KV layout; bf16 q/k):
 //                             0 the token loop, 2 the chunked kernel (vk_chunk.cuh) wherever it
 //                             applies, 1 (default) the chunked kernel where it was measured
 //                             faster (vk_chunk_pays);
@@ -406,13 +406,12 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   const int group = static_cast<int>(p.HV / p.H);
   if (f != nullptr)
     while (group * (V / rt) > kMaxFusedCluster && rt < V) rt *= 2;
-  // The chunked form (vk_chunk.cuh): a bf16 state, or an fp32 state in the KV layout (plan_kv_chunk;
-  // VK's token loop is faster at every T, chunk_min_heads), bf16 q/k, 2 <= T, only the last state
-  // stored.
+  // The chunked form (vk_chunk.cuh): a 16-bit state, or an fp32 state in the KV layout
+  // (plan_kv_chunk; VK's token loop is faster at every T, chunk_min_heads), bf16 q/k, 2 <= T,
+  // only the last state stored.
   bool chunked = false;
-  constexpr bool kChunkState = std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, float>;
   constexpr bool kF32 = std::is_same_v<S, float>;
-  if (f == nullptr && kChunkState && (p.layout_kv || !kF32) && vk_chunk_pays(p, kF32) && p.T >= 2 &&
+  if (f == nullptr && (p.layout_kv || !kF32) && vk_chunk_pays(p, kF32) && p.T >= 2 &&
       p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) && rt % 16 == 0) {
     stage_all_tokens(p, rt, lp);
     const VkChunkSmem lay(rt, static_cast<int>(p.K), static_cast<int>(p.T), lp.geo.raw_bytes,
@@ -570,8 +569,8 @@ bool plan_kv_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
 // - 16-bit, T >= 2 with stored per-token states (the tile kernel keeps its rows in an fp32 work
 //   tile in shared memory; the chunked kernel does not apply): 0.60-0.96 from 256 blocks (Qwen3-Next
 //   bf16 T = 4 B = 64 167.3 -> 111.9), 0.96-1.11 at 128: from 1.5 blocks per SM. The same rule
-//   where the chunked kernel does not take a 16-bit call for another reason (fp16, a rounding
-//   seed, fp16 q/k).
+//   where the chunked kernel does not take a 16-bit call for another reason (a rounding seed,
+//   fp16 q/k).
 // - Against the chunked kernel: 16-bit T = 2 0.89-0.96 from 2048 blocks, 1.00-1.07 at 1024; T = 4
 //   and 8 1.3-2.6 everywhere. fp32, no stored states (the token loop at T = 2, the chunked kernel
 //   at T = 4): T = 2..4 0.81-0.94 from 2048 blocks, 0.97-1.02 at 1024, T = 8 1.6-1.8; fp32 T = 1

@@ -32,11 +32,7 @@ cudaError_t launch_kv_ks(const Problem& p, const LaunchPlan& lp, cudaStream_t st
 template <typename S, int K>
 cudaError_t launch_kv_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   if (lp.chunked) {  // the chunked kernel on the KV tile (vk_chunk.cuh; plan_kv_chunk)
-    if constexpr (std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, float>) {
-      return launch_tile_kernel<decode_vk_chunk_kernel<S, K, true>>(p, lp, stream);
-    } else {
-      return cudaErrorInvalidConfiguration;
-    }
+    return launch_tile_kernel<decode_vk_chunk_kernel<S, K, true>>(p, lp, stream);
   }
   return launch_rounding<S>(p.rounding_seed,
                             [&](auto sr) { return launch_kv_ks<S, K, decltype(sr)::value>(p, lp, stream); });

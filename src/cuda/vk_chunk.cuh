@@ -1,6 +1,6 @@
 // VK layout, T = 2..16 tokens whose intermediate states are not stored (no intermediate
-// cache, no per-token slots), bf16 or fp32 state with bf16 q and k: the chunked form of the T
-// tokens, its products on tensor cores.
+// cache, no per-token slots), bf16, fp16 or fp32 state with bf16 q and k: the chunked form of
+// the T tokens, its products on tensor cores.
 //
 // Why: token by token the step needs three fp32 operations per state element and token plus
 // a per-token reduction chain; without the cache that loop, not memory, bounds the call from
@@ -27,6 +27,10 @@
 // gamma * S0 in fp32 and storing fp32 (no rounding). The split is 4 operations per element
 // against the token loop's 3 per element and token, so it pays from a few tokens on, where the
 // token loop is issue-bound (docs/design.md section 4).
+//
+// An fp16 state is split the same way into two bf16 terms, which hold its 11 significant bits
+// exactly (split2_f16), so its products are exact too; P3 accumulates onto gamma * S0 in fp32
+// and rounds to fp16 once, as for bf16.
 //
 // Block: the tile prologue of vk.cuh (state tile of RT rows of one (n, hv) in shared memory,
 // 16-byte pieces swizzled for ldmatrix), then
@@ -116,11 +120,22 @@ __device__ __forceinline__ void split3_bf16(float w0, float w1, uint32_t& hi, ui
   lo = pack2(r0 - bf16_lo(mid), r1 - bf16_hi(mid), tag);
 }
 
+// An fp16 pair (u, as ldmatrix gives it) as two packed bf16 pairs whose sum is exact: hi its
+// top 8 significant bits (rounded), lo the rest (at most 3 significant bits; an fp16's exponent
+// range lies within bf16's, subnormals included).
+__device__ __forceinline__ void split2_f16(uint32_t u, uint32_t& hi, uint32_t& lo) {
+  float f[2];
+  unpack2(u, static_cast<__half*>(nullptr), f);
+  __nv_bfloat16* const tag = nullptr;
+  hi = pack2(f[0], f[1], tag);
+  lo = pack2(f[0] - bf16_lo(hi), f[1] - bf16_hi(hi), tag);
+}
+
 // P0 / P1 for one 16-row m-tile: acc[np][h] = A (16 x K) times the columns np * 16 + h * 8 +
 // [0, 8) of [q_0..q_T-1, k_0..k_T-1] (qk16 rows; zero beyond 2T). a_frags(ks, a) gives the A
-// fragments of k-step ks as NA terms whose products add: one for a bf16 tile (by ldmatrix), three
-// for an fp32 tile (each element split into three bf16 terms, 24 bits; q and k are bf16, so every
-// product is exact and only the fp32 sums round).
+// fragments of k-step ks as NA terms whose products add: one for a bf16 tile (by ldmatrix), two
+// for an fp16 tile (split2_f16), three for an fp32 tile (each element split into three bf16
+// terms, 24 bits; q and k are bf16, so every product is exact and only the fp32 sums round).
 template <int K, int NA, typename AFrags>
 __device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AFrags a_frags, const uint16_t* qk,
                                            const uint16_t* zrow, int T2, int np_count, int lane) {
@@ -187,7 +202,7 @@ __device__ __forceinline__ void chunk_store_acc(const float (&acc)[2][2][4], flo
     }
 }
 
-// bf16: five resident blocks (96 registers, no spills): shared memory admits them up to T = 4
+// 16-bit: five resident blocks (96 registers, no spills): shared memory admits them up to T = 4
 // (44 KB at K = 128), measured T = 4 B = 512 370 -> 346 us; from T = 6 (49-54 KB) it stays at
 // four. fp32: the tile alone is 32 KB at the default 64 rows of K = 128: four at most.
 template <typename S>
@@ -196,17 +211,17 @@ constexpr int kChunkMinBlocks = std::is_same_v<S, float> ? 4 : 5;
 // kKv: the state in the KV layout ([P, HV, K, V]); the tile keeps it (ChunkTile), ldmatrix.trans
 // and per-element fragment accesses read it as the VK rows the phases work on, and P4 stores
 // its rows k. No stochastic rounding (the planner keeps a rounding seed on the token loop).
-// kSr: the stochastic-rounding store (bf16 VK with a rounding seed); the kernel without it has
+// kSr: the stochastic-rounding store (16-bit VK with a rounding seed); the kernel without it has
 // none of its code (as the token loop's kernels, vk_launch.cuh: its runtime branch alone cost the
 // kernel ~10% at T = 4).
 template <typename S, int K, bool kKv = false, bool kSr = false>
 __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     decode_vk_chunk_kernel(const __grid_constant__ Problem p, const Geometry geo) {
   constexpr bool kF32 = std::is_same_v<S, float>;
-  static_assert(kF32 || std::is_same_v<S, __nv_bfloat16>, "tensor-core products: bf16 or fp32 state, bf16 q/k");
+  constexpr bool kF16 = std::is_same_v<S, __half>;
   // VK's fp32 token loop is faster at every T measured (chunk_min_heads, decode_cuda.cu).
   static_assert(!kF32 || kKv, "an fp32 state takes the chunked kernel in the KV layout only");
-  static_assert(!kSr || (!kF32 && !kKv), "stochastic rounding in the chunked kernel: bf16 VK only");
+  static_assert(!kSr || (!kF32 && !kKv), "stochastic rounding in the chunked kernel: 16-bit VK only");
   constexpr int QKS = K + kQk16Pad;
   constexpr int VE = kVecElems<S>;
   constexpr int CH = K / VE;  // 16-byte pieces per state row
@@ -329,14 +344,28 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
         chunk_dots<K, 3>(
             acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, qk, zrow, T2,
             np_count, lane);
-      } else if constexpr (kKv) {
-        const auto a_at = a_blocks(mt);
-        chunk_dots<K, 1>(
-            acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4_trans(a[0], a_at(ks)); }, qk, zrow, T2, np_count, lane);
       } else {
         const auto a_at = a_blocks(mt);
-        chunk_dots<K, 1>(
-            acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4(a[0], a_at(ks)); }, qk, zrow, T2, np_count, lane);
+        const auto load = [&](int ks, uint32_t(&x)[4]) {
+          if constexpr (kKv) {
+            ldsm_x4_trans(x, a_at(ks));
+          } else {
+            ldsm_x4(x, a_at(ks));
+          }
+        };
+        if constexpr (kF16) {
+          chunk_dots<K, 2>(
+              acc,
+              [&](int ks, uint32_t(&a)[2][4]) {
+                uint32_t x[4];
+                load(ks, x);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) split2_f16(x[i], a[0][i], a[1][i]);
+              },
+              qk, zrow, T2, np_count, lane);
+        } else {
+          chunk_dots<K, 1>(acc, [&](int ks, uint32_t(&a)[1][4]) { load(ks, a[0]); }, qk, zrow, T2, np_count, lane);
+        }
       }
       chunk_store_acc(acc, X + mt * 16 * lay.xs, lay.xs, 16, T2, np_count, lane);
     }
@@ -482,8 +511,10 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
             gseed = sr_group_seed(key, (((row0 + rg) * K + (n0 + i + (t4 & 1)) * 8) >> 3) + (t4 >> 1) * K);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            float acc[4] = {gam_end * bf16_lo(u[i + h][0]), gam_end * bf16_hi(u[i + h][0]),
-                            gam_end * bf16_lo(u[i + h][1]), gam_end * bf16_hi(u[i + h][1])};
+            float s0[2], s1[2];
+            unpack2(u[i + h][0], static_cast<S*>(nullptr), s0);
+            unpack2(u[i + h][1], static_cast<S*>(nullptr), s1);
+            float acc[4] = {gam_end * s0[0], gam_end * s0[1], gam_end * s1[0], gam_end * s1[1]};
             mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
             mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
             mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);

@@ -45,12 +45,12 @@ cudaError_t launch_vk_ks(const Problem& p, const LaunchPlan& lp, cudaStream_t st
 template <typename S, int K>
 cudaError_t launch_vk_k(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   if (lp.chunked) {
-    if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    if constexpr (sizeof(S) == 2) {
       return launch_rounding<S>(p.rounding_seed, [&](auto sr) {
         return launch_tile_kernel<decode_vk_chunk_kernel<S, K, false, decltype(sr)::value>>(p, lp, stream);
       });
     } else {
-      return cudaErrorInvalidConfiguration;  // the planner picks it for a bf16 state only (VK)
+      return cudaErrorInvalidConfiguration;  // the planner picks it for 16-bit states only (VK)
     }
   }
   return launch_rounding<S>(p.rounding_seed,
