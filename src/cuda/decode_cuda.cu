@@ -319,16 +319,24 @@ int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
 //   T = 4 0.67-0.87 at 64, 1.01 at 32; T = 5 0.93 at 32; T = 8 0.23-0.26 from 512.
 // - KV fp32: T <= 3 0.91-1.87; T = 4 0.79-0.95 at 256..1024 heads, 0.99-1.02 beyond and below;
 //   T = 6 0.94-0.96 at 64 heads, 1.35 at 32; T = 8 0.65-0.69 from 128.
-int64_t chunk_min_heads(const Problem& p, bool f32_state) {
+// - fp16 (S0 split into two bf16 terms; 6112851, on an H200, B = 2..256, one run each,
+//   bench/results/2026-11-28-h200-6112851-fp16-chunk-ab.json). VK: P1's second product makes
+//   it dearer than bf16's: T <= 4 0.97-1.63 at every B; T = 5 0.92-0.98 from 512 heads; T = 6
+//   0.84-0.91 from 512, 1.09-1.16 below; T = 8 0.71-0.79 from 512, 0.98-1.03 at 128..256;
+//   T = 16 0.75-0.84 from 256, 0.99 at 128. KV: bf16's thresholds hold (T = 3 0.67-0.95 from 128
+//   heads; T = 4 0.59-0.83 from 512; T = 5..8 0.40-0.74 from 128).
+int64_t chunk_min_heads(const Problem& p) {
   const int64_t t = p.T;
+  const DType s = p.state.dtype;
+  if (!p.layout_kv && s == DType::kF16) return t < 5 ? 0 : t < 12 ? 512 : 256;
   if (!p.layout_kv) return t < 4 ? 0 : t < 8 ? 512 : 128;  // bf16 (no fp32 form)
-  if (f32_state) return t >= 6 ? 64 : t >= 4 ? 256 : 0;
+  if (s == DType::kF32) return t >= 6 ? 64 : t >= 4 ? 256 : 0;
   return t >= 6 ? 1 : t == 5 ? 32 : t == 4 ? 64 : 128;
 }
-bool vk_chunk_pays(const Problem& p, bool f32_state) {
+bool vk_chunk_pays(const Problem& p) {
   const int mode = vk_chunk_mode();
   if (mode == 2) return true;
-  const int64_t min_heads = chunk_min_heads(p, f32_state);
+  const int64_t min_heads = chunk_min_heads(p);
   return mode == 1 && min_heads > 0 && p.B * p.HV >= min_heads;
 }
 
@@ -411,7 +419,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   // only the last state stored.
   bool chunked = false;
   constexpr bool kF32 = std::is_same_v<S, float>;
-  if (f == nullptr && (p.layout_kv || !kF32) && vk_chunk_pays(p, kF32) && p.T >= 2 &&
+  if (f == nullptr && (p.layout_kv || !kF32) && vk_chunk_pays(p) && p.T >= 2 &&
       p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) && rt % 16 == 0) {
     stage_all_tokens(p, rt, lp);
     const VkChunkSmem lay(rt, static_cast<int>(p.K), static_cast<int>(p.T), lp.geo.raw_bytes,
@@ -477,7 +485,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
 template <typename S>
 bool plan_kv_chunk(const Problem& p, LaunchPlan& lp) {
   // Before planning VK's tiles: most KV calls (T = 1, a rounding seed, a small grid) end here.
-  if (p.T < 2 || p.rounding_seed != nullptr || !vk_chunk_pays(p, std::is_same_v<S, float>)) return false;
+  if (p.T < 2 || p.rounding_seed != nullptr || !vk_chunk_pays(p)) return false;
   LaunchPlan c;
   if (!plan_vk_tile<S>(p, c) || !c.chunked) return false;
   lp = c;
