@@ -70,7 +70,6 @@ constexpr Variant kVariants[] = {{"fp32", kFloat32, false},
                                  {"fp16+sr", kFloat16, true}};
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-
 double element(const void* base, DLDataType t, int64_t i) {
   if (t.bits == 32) return static_cast<const float*>(base)[i];
   const uint16_t h = static_cast<const uint16_t*>(base)[i];

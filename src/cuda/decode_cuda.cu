@@ -585,9 +585,9 @@ bool plan_kv_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
 //   and with stored states 1.04-1.3 everywhere. From kKvGroupChunkBlocksPerSm per SM at those T.
 constexpr int64_t kKvGroupT1BlocksPerSm = 6;
 constexpr int64_t kKvGroupChunkBlocksPerSm = 12;
-bool kv_group_pays(const Problem& p, int64_t blocks, bool f32_state, bool chunked) {
+bool kv_group_pays(const Problem& p, int64_t blocks, bool chunked) {
   const int64_t sms = sm_count();
-  if (f32_state) return p.T >= 2 && p.T <= 4 && !stores_token_states(p) && blocks >= kKvGroupChunkBlocksPerSm * sms;
+  if (p.state.dtype == DType::kF32) return p.T >= 2 && p.T <= 4 && !stores_token_states(p) && blocks >= kKvGroupChunkBlocksPerSm * sms;
   if (p.T == 1) return blocks >= kKvGroupT1BlocksPerSm * sms;
   if (!chunked) return 2 * blocks >= 3 * sms;
   return p.T == 2 && blocks >= kKvGroupChunkBlocksPerSm * sms;
@@ -626,7 +626,7 @@ bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
   const int mode = group_mode();
   if (mode == 0 || !group_shape_ok(p, Kv::VT) || p.v.s[2] != p.V * p.v.s[3]) return false;
   const int64_t blocks = p.B * p.H;
-  if (mode == 1 && !kv_group_pays(p, blocks, sizeof(S) == 4, chunked)) return false;
+  if (mode == 1 && !kv_group_pays(p, blocks, chunked)) return false;
   const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / Kv::VT;
   const int nb = std::min(3, group * tiles);
