@@ -16,9 +16,10 @@
 // Both state layouts (kKv). VK: a stage is RT = kGroupRows rows of one value head, each
 // thread holding RR rows of a K-slice (vk_step's math). KV: a stage is the K x VT tile of VT
 // columns of one value head (16 KB: VT = 64 at 16-bit states, 32 at fp32), each thread holding
-// K / 16 rows of one 16-byte column vector (GroupKvShape; the KV kernels' math, kv_tokens) and
-// copying exactly the pieces it later reads, so a stage needs no barrier to land or to be
-// reused; the per-token sums cross the block through kv_reduce's shared buffers.
+// K / 16 rows of one 16-byte column vector (GroupKvShape; the KV kernels' math, kv_tokens); the
+// per-token sums cross the block through kv_reduce's shared buffers. In both, a thread copies
+// exactly the pieces it later reads, so a stage needs no barrier to land or to be reused (VK's
+// two barriers per stage cost 3-9% of the fused step from B = 64; docs/design.md).
 //
 // Host: plan_fused_group and plan_kv_group (decode_cuda.cu). K = 128, 16-byte state rows; the
 // fused step the conv's 16-byte path (mixed_qkv, conv state and taps of one 16-bit dtype; the
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
   constexpr int NT = kGroupThreads, RR = kGroupRR;
   using Sh = VkShape<S, K, 1>;
   using Kv = GroupKvShape<S, K>;
-  constexpr int VE = Sh::VE, NV = Sh::NV, L = Sh::L, G = Sh::G, PR = K / VE;
+  constexpr int VE = Sh::VE, NV = Sh::NV, L = Sh::L, G = Sh::G;
   static_assert(G * RR == kGroupRows || K != 128);
   static_assert(!kKv || Kv::LV * Kv::KG == NT);
   static_assert(kConv || (kKv && !kNorm), "decode's group kernel: the KV layout, no norm");
@@ -274,12 +275,15 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
           const int r = i * Kv::KG + kg;
           cp_async16(dst + r * RT + vl * VE, head + r * p.state.s[2] + r0 + vl * VE);
         }
-      } else {
+      } else {  // this thread's own rows rg + r * G and pieces i * L + j (the loads below)
         const S* const src = head + r0 * p.state.s[2];
-        for (int i = tid; i < RT * PR; i += NT) {
-          const int r = i / PR, c = i - r * PR;
-          cp_async16(dst + r * K + c * VE, src + r * p.state.s[2] + c * VE);
-        }
+#pragma unroll
+        for (int r = 0; r < RR; ++r)
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            const int row = rg + r * G, c = i * L + j;
+            cp_async16(dst + row * K + c * VE, src + row * p.state.s[2] + c * VE);
+          }
       }
     }
     cp_async_commit();
@@ -365,20 +369,21 @@ __global__ void __launch_bounds__(kGroupThreads, 3)
                                          o_s + hi * T * V, red, par, warp, vl, kgw, kg);
     }
   } else {
-    // VK: the stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread.
+    // VK: the stages: RT rows of value head hi = s / tiles, one pass of RR rows per thread. As
+    // for KV, a thread copies and reads its own pieces only, so a stage needs no barrier to land
+    // or to be reused; the token scalars (written above by other warps) need one.
+    __syncthreads();
     for (int s = 0; s < NS; ++s) {
       const int hi = s / tiles;
       const int64_t hv = hv0 + hi;
       const int64_t row0 = static_cast<int64_t>(s - hi * tiles) * RT;
-      cp_async_wait_pending(NB - 1);  // stage s landed (this thread's part)
-      __syncthreads();                // every part, and (s = 0) the token scalars
+      cp_async_wait_pending(NB - 1);  // stage s landed (this thread's pieces)
       const S* const tile = buf + (s % NB) * RT * K;
       float st[RR][16];
 #pragma unroll
       for (int r = 0; r < RR; ++r)
 #pragma unroll
         for (int i = 0; i < NV; ++i) load_state_vec<S, true>(tile + (rg + r * G) * K + (i * L + j) * VE, &st[r][i * VE]);
-      __syncthreads();  // every thread holds its rows: the buffer takes stage s + NB
       issue_stage(s + NB);
 
       sm.tok = tok_s + hi * T * kTokScalars;
