@@ -129,17 +129,23 @@ __device__ __forceinline__ void kv_store_rows(const Problem& p, const WarpSlots&
   if (!to_inter && wslot < 0) return;
   S* const inter = static_cast<S*>(p.inter.data);
   S* const state = static_cast<S*>(p.state.data);
-  const int64_t ib = n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] + col;
-  const int64_t pb = wslot * p.state.s[0] + hv * p.state.s[1] + col;
   const bool sr = kSr && p.rounding_seed != nullptr;
   const uint32_t key = sr ? sr_key(slots.sr_row, hv, tt) : 0u;
+  // One destination at a time (cache, then pool), from one base pointer and a row step, as
+  // vk_store_token does: with both interleaved each store recomputed its two 64-bit addresses
+  // and reused the previous store's registers, and the warps waited there (ncu, docs/design.md).
+  const auto store_rows = [&](S* base, int64_t rs) {
+    const int64_t step = KG * rs;
 #pragma unroll
-  for (int i = 0; i < RPT; ++i) {
-    const int64_t row = i * KG + kg;
-    const Packed<S> pk = round_state_vec<S>(st[i], sr, key, row * p.V + col);
-    if (to_inter) store_state_vec<S, kVec>(inter + ib + row * p.inter.s[3], pk);
-    if (wslot >= 0) store_state_vec<S, kVec>(state + pb + row * p.state.s[2], pk);
-  }
+    for (int i = 0; i < RPT; ++i)
+      store_state_vec<S, kVec>(base + i * step,
+                               round_state_vec<S>(st[i], sr, key, static_cast<int64_t>(i * KG + kg) * p.V + col));
+  };
+  if (to_inter)
+    store_rows(inter + n * p.inter.s[0] + tt * p.inter.s[1] + hv * p.inter.s[2] + kg * p.inter.s[3] + col,
+               p.inter.s[3]);
+  if (wslot >= 0)
+    store_rows(state + wslot * p.state.s[0] + hv * p.state.s[1] + kg * p.state.s[2] + col, p.state.s[2]);
 }
 
 template <int VE>
