@@ -133,7 +133,8 @@ __device__ __forceinline__ void kv_store_rows(const Problem& p, const WarpSlots&
   const uint32_t key = sr ? sr_key(slots.sr_row, hv, tt) : 0u;
   // One destination at a time (cache, then pool), from one base pointer and a row step, as
   // vk_store_token does: with both interleaved each store recomputed its two 64-bit addresses
-  // and reused the previous store's registers, and the warps waited there (ncu, docs/design.md).
+  // and reused the previous store's registers, and the warps waited there (docs/design.md, "The
+  // group kernel's barriers and stores").
   const auto store_rows = [&](S* base, int64_t rs) {
     const int64_t step = KG * rs;
 #pragma unroll
