@@ -587,7 +587,8 @@ constexpr int64_t kKvGroupT1BlocksPerSm = 6;
 constexpr int64_t kKvGroupChunkBlocksPerSm = 12;
 bool kv_group_pays(const Problem& p, int64_t blocks, bool chunked) {
   const int64_t sms = sm_count();
-  if (p.state.dtype == DType::kF32) return p.T >= 2 && p.T <= 4 && !stores_token_states(p) && blocks >= kKvGroupChunkBlocksPerSm * sms;
+  if (p.state.dtype == DType::kF32)
+    return p.T >= 2 && p.T <= 4 && !stores_token_states(p) && blocks >= kKvGroupChunkBlocksPerSm * sms;
   if (p.T == 1) return blocks >= kKvGroupT1BlocksPerSm * sms;
   if (!chunked) return 2 * blocks >= 3 * sms;
   return p.T == 2 && blocks >= kKvGroupChunkBlocksPerSm * sms;
