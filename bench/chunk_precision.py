@@ -3,8 +3,8 @@
 A float64 emulation of one value head (V = K = 128, bf16 state of N(0, 0.1), random gates): the
 token-by-token oracle (SPEC section 2) against the chunked form (src/cuda/vk_chunk.cuh) whose
 tensor-core operands are q and k split into n bf16 terms and the update weights into three (P3
-keeps the products whose term orders sum to at most 2). Everything else is exact, so the error
-is the split's alone. Reports, per T and n, the largest share of elements over 1 bf16 ulp and the
+keeps the products whose term orders sum to at most p3; p3 = None: P3 exact, as fp32 FMAs).
+Everything else is exact, so the error is the split's alone. Reports, per T and n, the largest share of elements over 1 bf16 ulp and the
 largest error in ulps, with SPEC section 6's floor (2^-12 of the RMS) for small elements.
 Usage: python3 bench/chunk_precision.py
 """
@@ -31,7 +31,7 @@ def ulps(got, ref):
     return np.abs(bf16(got) - bf16(ref)) / 2.0 ** (np.floor(np.log2(mag)) - 7)
 
 
-def one_head(rng, T, n, V=128, K=128):
+def one_head(rng, T, n, p3=2, V=128, K=128):
     S0 = bf16(rng.normal(0, 0.1, (V, K)))
     q = rng.normal(0, 1, (T, K)).astype(np.float32).astype(np.float64)
     k = rng.normal(0, 1, (T, K)).astype(np.float32).astype(np.float64)
@@ -62,15 +62,20 @@ def one_head(rng, T, n, V=128, K=128):
         o[:, t] = gam[t] * rq[t] * Sq[:, t] + sum(G(s, t) * rk[s] * rq[t] * qk[t, s] * d[:, s] for s in range(t + 1))
     w = np.stack([G(s, T - 1) * rk[s] * d[:, s] for s in range(T)], 1)
     wt = split(w, 3)
-    ST = gam[-1] * S0 + sum(wt[a] @ kt[b] for a in range(3) for b in range(n) if a + b <= 2)  # P3
+    if p3 is None:
+        ST = gam[-1] * S0 + w @ k  # P3 exact
+    else:
+        ST = gam[-1] * S0 + sum(wt[a] @ kt[b] for a in range(3) for b in range(n) if a + b <= p3)  # P3
     return ulps(ST, S), ulps(o.T, O)
 
 
 if __name__ == "__main__":
     rng = np.random.default_rng(7)
-    for T in (4, 8, 16):
-        for n in (1, 2, 3):
-            res = [one_head(rng, T, n) for _ in range(6)]
-            print("T = %2d, q/k as %d terms: state %.4f%% over 1 ulp, max %.1f; outputs %.4f%%, max %.1f" % (
-                T, n, 100 * max((e > 1).mean() for e, _ in res), max(e.max() for e, _ in res),
-                100 * max((e > 1).mean() for _, e in res), max(e.max() for _, e in res)))
+    for p3 in (2, 1, None):
+        for T in (4, 8, 16):
+            for n in (1, 2, 3):
+                res = [one_head(rng, T, n, p3) for _ in range(6)]
+                print("P3 %s, T = %2d, q/k as %d terms: state %.4f%% over 1 ulp, max %.1f; outputs %.4f%%, max %.1f" % (
+                    "exact" if p3 is None else "orders <= %d" % p3, T, n,
+                    100 * max((e > 1).mean() for e, _ in res), max(e.max() for e, _ in res),
+                    100 * max((e > 1).mean() for _, e in res), max(e.max() for _, e in res)))
