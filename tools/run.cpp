@@ -65,6 +65,7 @@ struct Options {
   int max_verify_rows = 0;
   bool cache = false;
   bool fused = false;
+  std::string slots = "token";
 };
 
 DLDataType parse_dtype(const std::string& s) {
@@ -216,8 +217,8 @@ int run(const Options& opt) {
   std::vector<uint8_t> qkv_h(B * T * qkv_w * elsize(idt)), a_h(B * T * HV * elsize(idt)), b_h(a_h.size());
   std::vector<uint8_t> o_h(B * T * HV * V * elsize(odt));
   Mem qkv_d(qkv_h.size(), gpu), a_d(a_h.size(), gpu), b_d(b_h.size(), gpu), o_d(o_h.size(), gpu);
-  std::vector<int32_t> read_h(B), tok_h(B * T), acc_h(B);
-  Mem read_d(B * 4, gpu), tok_d(B * T * 4, gpu), acc_d(B * 4, gpu), err_d(4, gpu);
+  std::vector<int32_t> read_h(B), write_h(B), tok_h(B * T), acc_h(B);
+  Mem read_d(B * 4, gpu), write_d(B * 4, gpu), tok_d(B * T * 4, gpu), acc_d(B * 4, gpu), err_d(4, gpu);
   const int32_t zero = 0;
   err_d.upload(&zero, 4);
   const int64_t inter_elems = B * T * slot_elems;
@@ -237,8 +238,14 @@ int run(const Options& opt) {
   args.layout = kv ? StateLayout::kKV : StateLayout::kVK;
   args.o = make_view(o_d.ptr, odt, dev, {B, T, HV, V});
   args.error_count = make_view(err_d.ptr, kInt32, dev, {1});
+  // T > 1: per-token slots with accepted-token continuation (vLLM's verify), or --slots pool: a
+  // read and a write slot per row and the final state only (FlashInfer's verify).
+  const bool pool_slots = T > 1 && opt.slots == "pool";
   if (T == 1) {
     args.read_slots = make_view(read_d.ptr, kInt32, dev, {B});
+  } else if (pool_slots) {
+    args.read_slots = make_view(read_d.ptr, kInt32, dev, {B});
+    args.write_slots = make_view(write_d.ptr, kInt32, dev, {B});
   } else {
     args.token_slots = make_view(tok_d.ptr, kInt32, dev, {B, T});
     args.num_accepted = make_view(acc_d.ptr, kInt32, dev, {B});
@@ -299,6 +306,7 @@ int run(const Options& opt) {
       const bool real = n < Breal;
       const int64_t row = perm[n];
       read_h[row] = real ? req_slot(n, 0) : -1;
+      write_h[row] = real ? req_slot(n, T - 1) : -1;  // pool_slots (T > 1: not the read slot)
       for (int64_t t = 0; t < T; ++t) tok_h[row * T + t] = real ? req_slot(n, t) : -1;
       acc_h[row] = real ? accepted[n] : 1;
     }
@@ -308,6 +316,7 @@ int run(const Options& opt) {
     if (opt.fused) z_d.upload(z_h.data(), z_h.size());
     o_d.upload(o_h.data(), o_h.size());
     read_d.upload(read_h.data(), B * 4);
+    write_d.upload(write_h.data(), B * 4);
     tok_d.upload(tok_h.data(), B * T * 4);
     acc_d.upload(acc_h.data(), B * 4);
 
@@ -320,7 +329,16 @@ int run(const Options& opt) {
       std::sort(rows.begin(), rows.end());
     }
     const int64_t R = rows.size();
-    auto read_slot_of = [&](int64_t n) -> int64_t { return T == 1 ? read_h[n] : (tok_h[n * T] < 0 ? -1 : tok_h[n * T + acc_h[n] - 1]); };
+    auto read_slot_of = [&](int64_t n) -> int64_t {
+      return T == 1 || pool_slots ? read_h[n] : (tok_h[n * T] < 0 ? -1 : tok_h[n * T + acc_h[n] - 1]);
+    };
+    // Where the call stores row n's state after token t (-1: not stored).
+    auto stored_slot = [&](int64_t n, int64_t t) -> int64_t {
+      if (read_slot_of(n) < 0) return -1;
+      if (T == 1) return read_h[n];
+      if (pool_slots) return t == T - 1 ? write_h[n] : -1;
+      return tok_h[n * T + t];
+    };
     // Oracle pool: slot i*(T+1) holds row i's start state, i*(T+1)+1+t its state after token t.
     std::vector<uint8_t> ref_pool(R * (T + 1) * slot_bytes), ref_conv(R * (T + 1) * conv_slot_bytes);
     for (int64_t i = 0; i < R; ++i) {
@@ -383,10 +401,10 @@ int run(const Options& opt) {
         std::memcpy(v_r.data() + (i * T + t) * HV * V * es, src + 2 * H * K * es, HV * V * es);
         std::memcpy(a_r.data() + (i * T + t) * HV * es, a_h.data() + (n * T + t) * HV * es, HV * es);
         std::memcpy(b_r.data() + (i * T + t) * HV * es, b_h.data() + (n * T + t) * HV * es, HV * es);
-        // The state after token t is stored where the engine stores it: T = 1 writes the
-        // final state back in place; T > 1 writes every token's state to its token slot.
-        const bool written = read_slot_of(n) >= 0 && (T == 1 ? t == T - 1 : tok_h[n * T + t] >= 0);
-        rtok[i * T + t] = written ? static_cast<int32_t>(i * (T + 1) + 1 + t) : -1;
+        // The state after token t is stored where the engine stores it: T = 1 writes the final
+        // state back in place; T > 1 every token's state to its token slot (--slots pool: the
+        // final state to the write slot).
+        rtok[i * T + t] = stored_slot(n, t) >= 0 ? static_cast<int32_t>(i * (T + 1) + 1 + t) : -1;
       }
       rread[i] = read_slot_of(n) >= 0 ? static_cast<int32_t>(i * (T + 1)) : -1;
     }
@@ -402,7 +420,13 @@ int run(const Options& opt) {
     ref.state = make_view(ref_pool.data(), sdt, kCpu, {R * (T + 1), HV, kv ? K : V, kv ? V : K});
     ref.layout = args.layout;
     ref.read_slots = make_view(rread.data(), kInt32, kCpu, {R});
-    ref.token_slots = make_view(rtok.data(), kInt32, kCpu, {R, T});
+    std::vector<int32_t> rwrite(R);
+    for (int64_t i = 0; i < R; ++i) rwrite[i] = rtok[i * T + T - 1];
+    if (pool_slots) {
+      ref.write_slots = make_view(rwrite.data(), kInt32, kCpu, {R});
+    } else {
+      ref.token_slots = make_view(rtok.data(), kInt32, kCpu, {R, T});
+    }
     ref.o = make_view(o_r.data(), odt, kCpu, {R, T, HV, V});
     Status rs;
     if (opt.fused) {
@@ -431,7 +455,7 @@ int run(const Options& opt) {
       std::memcpy(o_got.data() + i * row_bytes, o_h.data() + rows[i] * row_bytes, row_bytes);
       for (int64_t t = 0; t < T; ++t) {
         if (rtok[i * T + t] < 0) continue;
-        const int64_t s = T == 1 ? read_h[rows[i]] : tok_h[rows[i] * T + t];
+        const int64_t s = stored_slot(rows[i], t);
         const size_t at = st_got.size();
         st_got.resize(at + slot_bytes);
         pool.download(st_got.data() + at, slot_bytes, s * slot_bytes);
@@ -459,7 +483,7 @@ int run(const Options& opt) {
     for (int64_t n = 0; n < B; ++n) {
       if (read_slot_of(n) < 0) continue;
       ++valid;
-      writes += T == 1 ? 1 : T;
+      writes += T == 1 || pool_slots ? 1 : T;
     }
     const double bytes = static_cast<double>(slot_bytes) * (valid + writes) +
                          (opt.cache ? static_cast<double>(valid) * T * slot_bytes : 0.0);
@@ -467,7 +491,7 @@ int run(const Options& opt) {
     double mean_acc = 0;
     for (int64_t n = 0; n < Breal; ++n) mean_acc += accepted[n];
     std::printf("%5d %4lld/%-4lld %10.1f %9.1f %9.2f  %s (%lld rows): out %s; state %s%s\n", step, (long long)valid,
-                (long long)B, us, bytes / us * 1e-3, T == 1 ? 1.0 : mean_acc / Breal, ok ? "PASS" : "FAIL",
+                (long long)B, us, bytes / us * 1e-3, T == 1 || pool_slots ? 1.0 * T : mean_acc / Breal, ok ? "PASS" : "FAIL",
                 (long long)R, out_agree.summary().c_str(), state_agree.summary().c_str(),
                 !opt.fused ? "" : conv_ok ? "; conv state bit-identical" : "; conv state DIFFERS");
 
@@ -514,6 +538,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--fused", opt->fused,
                 "the layer's whole decode path through gdn::fused_decode: causal conv (W = 4, a conv pool "
                 "following the state slots), q/k/v split, the recurrence and the gated RMSNorm");
+  cmd->add_option("--slots", opt->slots,
+                  "T > 1: token = a slot per token and accepted-token continuation (vLLM); pool = a read and a "
+                  "write slot per row, the final state only (FlashInfer)")
+      ->check(CLI::IsMember({"token", "pool"}))
+      ->capture_default_str();
   cmd->callback([opt]() {
     int rc;
     try {
