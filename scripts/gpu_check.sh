@@ -40,8 +40,11 @@ if has run; then
     ./$B/gdn run --model qwen3-next --tokens 3 --batch 7 --layout KV --state bf16 --steps 4
     ./$B/gdn run --model qwen3-next --fused --state bf16 --steps 4
     ./$B/gdn run --model qwen3.5 --fused --tokens 3 --batch 9 --cache --steps 4
+    # Read and write slots at T > 1 (the chunked kernels; token slots never take them).
+    ./$B/gdn run --model qwen3-next --tokens 4 --batch 64 --state bf16 --slots pool --steps 3
+    ./$B/gdn run --model qwen3.5 --fused --tokens 8 --batch 32 --state bf16 --slots pool --steps 3
   } > "$OUT/run.log" 2>&1
-  rc=$?; note "gdn run rc=$rc: $(grep -c 'verification PASS' "$OUT/run.log") of 6 PASS"
+  rc=$?; note "gdn run rc=$rc: $(grep -c 'verification PASS' "$OUT/run.log") of 8 PASS"
   grep summary "$OUT/run.log"
 fi
 if has sanitize; then
