@@ -4,8 +4,9 @@ A float64 emulation of one value head (V = K = 128, bf16 state of N(0, 0.1), ran
 token-by-token oracle (SPEC section 2) against the chunked form (src/cuda/vk_chunk.cuh) whose
 tensor-core operands are q and k split into n bf16 terms and the update weights into three (P3
 keeps the products whose term orders sum to at most p3; p3 = None: P3 exact, as fp32 FMAs).
-Everything else is exact, so the error is the split's alone. Reports, per T and n, the largest share of elements over 1 bf16 ulp and the
-largest error in ulps, with SPEC section 6's floor (2^-12 of the RMS) for small elements.
+Everything else is exact, so the error is the split's alone. Reports, per T and n, the largest
+share of elements over 1 bf16 ulp and the largest error in ulps, with SPEC section 6's floor
+(2^-12 of the RMS) for small elements.
 Usage: python3 bench/chunk_precision.py
 """
 import numpy as np
@@ -61,10 +62,10 @@ def one_head(rng, T, n, p3=2, V=128, K=128):
         d[:, t] = beta[t] * x
         o[:, t] = gam[t] * rq[t] * Sq[:, t] + sum(G(s, t) * rk[s] * rq[t] * qk[t, s] * d[:, s] for s in range(t + 1))
     w = np.stack([G(s, T - 1) * rk[s] * d[:, s] for s in range(T)], 1)
-    wt = split(w, 3)
     if p3 is None:
         ST = gam[-1] * S0 + w @ k  # P3 exact
     else:
+        wt = split(w, 3)
         ST = gam[-1] * S0 + sum(wt[a] @ kt[b] for a in range(3) for b in range(n) if a + b <= p3)  # P3
     return ulps(ST, S), ulps(o.T, O)
 
