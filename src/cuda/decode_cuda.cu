@@ -278,6 +278,8 @@ constexpr int kMaxFusedCluster = 16;
 constexpr size_t kBigClusterSmemMax = 200 * 1024;
 
 constexpr size_t kTileSmemMax = 200 * 1024;  // under the 227 KB opt-in maximum of sm_90
+constexpr int kSmSmem = 228 * 1024;           // shared memory per SM of sm_90
+constexpr int kBlockSmemReserve = 1024;       // the runtime's reserve per resident block
 
 // One wave of VK tile blocks: the register caps of two and four rows per thread admit four per
 // SM (kVkTileMinBlocks). The rows-per-thread rule and the prefetch rule (every kernel, as
@@ -769,14 +771,22 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   if (mode == 1 && !pays) return false;
   const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / rt;
-  const int nb = std::min(sizeof(S) == 4 && !p.layout_kv ? 2 : 3, group * tiles);
+  int nb = std::min(sizeof(S) == 4 && !p.layout_kv ? 2 : 3, group * tiles);
   const bool norm = f.norm_weight.data != nullptr;
   const bool norm_vec = norm && fused_norm_vec_ok(f, V);
   const int zb = norm_vec && f.z.data != nullptr ? dtype_bytes_host(f.z.dtype) : 0;
   const int wb = norm_vec ? dtype_bytes_host(f.norm_weight.dtype) : 0;
-  const GroupSmem lay(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L),
-                      conv == kConvCm, rt, nb, static_cast<int>(sizeof(S)), norm, zb, wb,
-                      p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
+  const auto layout = [&](int buffers) {
+    return GroupSmem(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L), conv == kConvCm,
+                     rt, buffers, static_cast<int>(sizeof(S)), norm, zb, wb,
+                     p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
+  };
+  // The token rows (v, the norm's outputs and z, [group][T][V] each) grow with T and the GVA
+  // group: where one stage buffer fewer lets one more block onto an SM (Qwen3.5 T = 8: one block
+  // of four warps per SM with three), two buffers.
+  const auto per_sm = [](const GroupSmem& l) { return std::min(3, kSmSmem / (l.total + kBlockSmemReserve)); };
+  if (nb > 2 && per_sm(layout(2)) > per_sm(layout(nb))) nb = 2;
+  const GroupSmem lay = layout(nb);
   if (!group_plan(blocks, lay, rt, tiles, nb, T, lp)) return false;
   lp.geo.qkv_vec = false;
   lp.geo.conv_vec = true;
