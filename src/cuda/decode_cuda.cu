@@ -782,10 +782,14 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
                      p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
   };
   // The token rows (v, the norm's outputs and z, [group][T][V] each) grow with T and the GVA
-  // group: where one stage buffer fewer lets one more block onto an SM (Qwen3.5 T = 8: one block
-  // of four warps per SM with three), two buffers.
+  // group, and with them a block's shared memory: Qwen3.5 bf16 T = 8 admits one block of four
+  // warps per SM with three stage buffers. Where the grid is more than one wave of blocks and one
+  // buffer fewer lets one more block onto an SM, two buffers (H200, 4957dc7: 0.64-0.69x at
+  // Qwen3.5 T = 8, 0.84-0.91x at T = 2 and 4 and Qwen3-Next T = 6 from B = 64; within one wave,
+  // B = 16, 1.15-1.19x, where more resident blocks have no work to take).
   const auto per_sm = [](const GroupSmem& l) { return std::min(3, kSmSmem / (l.total + kBlockSmemReserve)); };
-  if (nb > 2 && per_sm(layout(2)) > per_sm(layout(nb))) nb = 2;
+  const int resident = per_sm(layout(nb));
+  if (nb > 2 && blocks > static_cast<int64_t>(resident) * sm_count() && per_sm(layout(2)) > resident) nb = 2;
   const GroupSmem lay = layout(nb);
   if (!group_plan(blocks, lay, rt, tiles, nb, T, lp)) return false;
   lp.geo.qkv_vec = false;
