@@ -622,6 +622,22 @@ bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb,
   return true;
 }
 
+// The group kernel's stage buffers: nb, or two where the grid is more than one wave of blocks and
+// one buffer fewer lets one more block onto an SM. A block's shared memory grows with the GVA group
+// times T (v, and the fused step's raw outputs and z, are [group][T][V]): the fused step at Qwen3.5
+// bf16 T = 8 admits one block of four warps per SM with three buffers (H200, 4957dc7: two took
+// 0.64-0.69x the time at B = 16..256; at Qwen3.5 T = 2 and 4 and Qwen3-Next T = 6, 2 -> 3 blocks,
+// 0.84-0.91x from B = 64, and 1.15-1.19x at B = 16, a grid within one wave, where the extra
+// resident blocks have no work to take). layout(buffers) gives the GroupSmem of that many.
+template <typename Layout>
+int group_buffers(int64_t blocks, int nb, Layout layout) {
+  const auto per_sm = [](const GroupSmem& l) {
+    return std::min(kGroupBlocksPerSm, kSmSmem / (l.total + kBlockSmemReserve));
+  };
+  const int resident = per_sm(layout(nb));
+  return nb > 2 && blocks > static_cast<int64_t>(resident) * sm_count() && per_sm(layout(2)) > resident ? 2 : nb;
+}
+
 // chunked: plan_kv_chunk takes this call.
 template <typename S>
 bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
@@ -632,10 +648,13 @@ bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
   if (mode == 1 && !kv_group_pays(p, blocks, chunked)) return false;
   const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / Kv::VT;
-  const int nb = std::min(3, group * tiles);
   const int raw = static_cast<int>(stage_raw_bytes(T, 128, group * V, dtype_bytes_host(p.q.dtype)));
-  const GroupSmem lay(128, V, group, T, 0, 0, false, Kv::VT, nb, static_cast<int>(sizeof(S)), false, 0, 0,
-                      Kv::kRedFloats, raw);
+  const auto layout = [&](int buffers) {
+    return GroupSmem(128, V, group, T, 0, 0, false, Kv::VT, buffers, static_cast<int>(sizeof(S)), false, 0, 0,
+                     Kv::kRedFloats, raw);
+  };
+  const int nb = group_buffers(blocks, std::min(3, group * tiles), layout);
+  const GroupSmem lay = layout(nb);
   if (!group_plan(blocks, lay, Kv::VT, tiles, nb, T, lp)) return false;
   lp.geo.raw_bytes = raw;
   return true;
@@ -771,7 +790,6 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   if (mode == 1 && !pays) return false;
   const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / rt;
-  int nb = std::min(sizeof(S) == 4 && !p.layout_kv ? 2 : 3, group * tiles);
   const bool norm = f.norm_weight.data != nullptr;
   const bool norm_vec = norm && fused_norm_vec_ok(f, V);
   const int zb = norm_vec && f.z.data != nullptr ? dtype_bytes_host(f.z.dtype) : 0;
@@ -781,15 +799,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
                      rt, buffers, static_cast<int>(sizeof(S)), norm, zb, wb,
                      p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
   };
-  // The token rows (v, the norm's outputs and z, [group][T][V] each) grow with T and the GVA
-  // group, and with them a block's shared memory: Qwen3.5 bf16 T = 8 admits one block of four
-  // warps per SM with three stage buffers. Where the grid is more than one wave of blocks and one
-  // buffer fewer lets one more block onto an SM, two buffers (H200, 4957dc7: 0.64-0.69x at
-  // Qwen3.5 T = 8, 0.84-0.91x at T = 2 and 4 and Qwen3-Next T = 6 from B = 64; within one wave,
-  // B = 16, 1.15-1.19x, where more resident blocks have no work to take).
-  const auto per_sm = [](const GroupSmem& l) { return std::min(3, kSmSmem / (l.total + kBlockSmemReserve)); };
-  const int resident = per_sm(layout(nb));
-  if (nb > 2 && blocks > static_cast<int64_t>(resident) * sm_count() && per_sm(layout(2)) > resident) nb = 2;
+  const int nb = group_buffers(blocks, std::min(sizeof(S) == 4 && !p.layout_kv ? 2 : 3, group * tiles), layout);
   const GroupSmem lay = layout(nb);
   if (!group_plan(blocks, lay, rt, tiles, nb, T, lp)) return false;
   lp.geo.qkv_vec = false;

@@ -36,6 +36,7 @@ constexpr int kGroupThreads = kVkThreads;
 constexpr int kGroupRR = 4;                                   // state rows per thread
 constexpr int kGroupRows = kGroupRR * (kGroupThreads / 8);    // RT at K = 128: 64 rows, one pass
 constexpr int kGroupMaxBuffers = 4;
+constexpr int kGroupBlocksPerSm = 3;  // the register cap (__launch_bounds__): up to 168 per thread
 // KV: 8 lanes of 16 bytes along V (a 128-byte line of each row per warp instruction), K / 16
 // rows per thread at 128 threads.
 template <typename S, int K>
@@ -50,7 +51,7 @@ struct GroupSmem {
   int tok;       // [group][T][kTokScalars]
   int win;       // uint4 [wl][G8] raw windows, [G8][W] taps, [G8] bias (channel-major: [G8][L] raw columns);
                  // decode: raw q [T][K], k [T][K], v [T][group * V] (StageSmem::raw)
-  int o;         // [group][T][V] fp32 raw outputs (norm only)
+  int o;         // [group][T][V] fp32 raw outputs (norm only; the windows' place where they fit)
   int z;         // [group][T][V] raw z (norm with 16-byte rows and a gate)
   int wn;        // [V] raw norm_weight (norm with 16-byte rows)
   int fac;       // [group][T] the norm's factors
@@ -71,8 +72,14 @@ struct GroupSmem {
     v = k + up16(T * K * 4);
     tok = v + up16(T * group * V * 4);
     win = tok + up16(group * T * kTokScalars * 4);
-    o = win + (raw_bytes > 0 ? up16(raw_bytes) : 16 * conv_win_pieces(G8, wl, W, cm ? L : 0));
-    z = o + (norm ? up16(group * T * V * 4) : 0);
+    const int win_bytes = raw_bytes > 0 ? up16(raw_bytes) : 16 * conv_win_pieces(G8, wl, W, cm ? L : 0);
+    const int o_bytes = norm ? up16(group * T * V * 4) : 0;
+    // The fused step's raw outputs are first written in the stages, after the stage loop's
+    // barrier, when every thread has read the windows (the conv items, the conv state's stores):
+    // where they fit, they take the windows' place (Qwen3-Next bf16 T = 8, Qwen3.5 T = 12: one
+    // more block per SM).
+    o = raw_bytes == 0 && o_bytes <= win_bytes ? win : win + win_bytes;
+    z = (o == win ? win + win_bytes : o + o_bytes);
     wn = z + (norm ? up16(group * T * V * z_bytes) : 0);
     fac = wn + (norm ? up16(V * wn_bytes) : 0);
     red = fac + (norm ? up16(group * T * 4) : 0);
@@ -149,7 +156,7 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Gro
 // KV layout (geo.tile_rows is then the stage's VT columns). kConv: the fused step; without it,
 // decode (f.step alone; the KV layout, no norm), its inputs staged as the tile kernels stage them.
 template <typename S, int K, bool kNorm, bool kSr = true, bool kKv = false, bool kConv = true>
-__global__ void __launch_bounds__(kGroupThreads, 3)
+__global__ void __launch_bounds__(kGroupThreads, kGroupBlocksPerSm)
     group_kernel(const __grid_constant__ FusedProblem f, const Geometry geo) {
   constexpr int NT = kGroupThreads, RR = kGroupRR;
   using Sh = VkShape<S, K, 1>;
