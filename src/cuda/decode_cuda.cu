@@ -18,18 +18,24 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-int sm_count() {
+// A device attribute of the current device, cached per device (the planner runs per call);
+// fallback (an H100's) where it cannot be read.
+template <cudaDeviceAttr kAttr>
+int device_attr(int fallback) {
   static std::atomic<int> cache[kMaxDevices];
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return fallback;
   int v = cache[dev].load(std::memory_order_relaxed);
   if (v == 0) {
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
-      v = 132;
+    if (cudaDeviceGetAttribute(&v, kAttr, dev) != cudaSuccess || v <= 0) v = fallback;
     cache[dev].store(v, std::memory_order_relaxed);
   }
   return v;
 }
+int sm_count() { return device_attr<cudaDevAttrMultiProcessorCount>(132); }
+// Shared memory per SM, and what the runtime reserves of it per resident block (bytes).
+int smem_per_sm() { return device_attr<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(228 * 1024); }
+int smem_reserved_per_block() { return device_attr<cudaDevAttrReservedSharedMemoryPerBlock>(1024); }
 
 // Tuning overrides, read once: GDN_CUDA_VK_ROWS (1, 2, 4: state rows per thread in VK),
 // GDN_CUDA_PDL (0 disables programmatic dependent launch).
@@ -278,8 +284,6 @@ constexpr int kMaxFusedCluster = 16;
 constexpr size_t kBigClusterSmemMax = 200 * 1024;
 
 constexpr size_t kTileSmemMax = 200 * 1024;  // under the 227 KB opt-in maximum of sm_90
-constexpr int kSmSmem = 228 * 1024;           // shared memory per SM of sm_90
-constexpr int kBlockSmemReserve = 1024;       // the runtime's reserve per resident block
 
 // One wave of VK tile blocks: the register caps of two and four rows per thread admit four per
 // SM (kVkTileMinBlocks). The rows-per-thread rule and the prefetch rule (every kernel, as
@@ -632,7 +636,7 @@ bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb,
 template <typename Layout>
 int group_buffers(int64_t blocks, int nb, Layout layout) {
   const auto per_sm = [](const GroupSmem& l) {
-    return std::min(kGroupBlocksPerSm, kSmSmem / (l.total + kBlockSmemReserve));
+    return std::min(kGroupBlocksPerSm, smem_per_sm() / (l.total + smem_reserved_per_block()));
   };
   const int resident = per_sm(layout(nb));
   return nb > 2 && blocks > static_cast<int64_t>(resident) * sm_count() && per_sm(layout(2)) > resident ? 2 : nb;
