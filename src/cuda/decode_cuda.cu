@@ -626,20 +626,29 @@ bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb,
   return true;
 }
 
-// The group kernel's stage buffers: nb, or two where the grid is more than one wave of blocks and
-// one buffer fewer lets one more block onto an SM. A block's shared memory grows with the GVA group
-// times T (v, and the fused step's raw outputs and z, are [group][T][V]): the fused step at Qwen3.5
-// bf16 T = 8 admits one block of four warps per SM with three buffers (H200, 4957dc7: two took
-// 0.64-0.69x the time at B = 16..256; at Qwen3.5 T = 2 and 4 and Qwen3-Next T = 6, 2 -> 3 blocks,
-// 0.84-0.91x from B = 64, and 1.15-1.19x at B = 16, a grid within one wave, where the extra
-// resident blocks have no work to take). layout(buffers) gives the GroupSmem of that many.
+// The group kernel's stage buffers: nb, or fewer where the grid is more than one wave of blocks
+// and fewer buffers let more blocks onto an SM (the fewest removed for the most blocks). A block's
+// shared memory grows with the GVA group times T (v, and the fused step's raw outputs and z, are
+// [group][T][V]): the fused step at Qwen3.5 bf16 T = 8 admits one block of four warps per SM with
+// three buffers (H200, 4957dc7: two took 0.64-0.69x the time at B = 16..256; at Qwen3.5 T = 2 and
+// 4 and Qwen3-Next T = 6, 2 -> 3 blocks, 0.84-0.91x from B = 64, and 1.15-1.19x at B = 16, a grid
+// within one wave, where the extra resident blocks have no work to take). One buffer (fp32 at
+// Qwen3.5 T >= 6) is not yet measured. layout(buffers) gives the GroupSmem of that many.
 template <typename Layout>
 int group_buffers(int64_t blocks, int nb, Layout layout) {
   const auto per_sm = [](const GroupSmem& l) {
     return std::min(kGroupBlocksPerSm, smem_per_sm() / (l.total + smem_reserved_per_block()));
   };
-  const int resident = per_sm(layout(nb));
-  return nb > 2 && blocks > static_cast<int64_t>(resident) * sm_count() && per_sm(layout(2)) > resident ? 2 : nb;
+  int best = nb, resident = per_sm(layout(nb));
+  if (blocks <= static_cast<int64_t>(resident) * sm_count()) return nb;
+  // EXPERIMENT (exp/group-nb, removed before a merge): GDN_CUDA_GROUP_MIN_NB = 2 keeps two
+  // buffers at least, for a same-binary A/B of the one-buffer plans.
+  static const int min_nb = std::max(1, env_int("GDN_CUDA_GROUP_MIN_NB", 1));
+  for (int b = nb - 1; b >= min_nb; --b) {
+    const int r = per_sm(layout(b));
+    if (r > resident) best = b, resident = r;
+  }
+  return best;
 }
 
 // chunked: plan_kv_chunk takes this call.
