@@ -605,6 +605,20 @@ bool kv_group_pays(const Problem& p, int64_t blocks, bool chunked) {
 bool group_shape_ok(const Problem& p, int rt) {
   return p.K == 128 && p.V % rt == 0 && p.T <= kMaxChunk && p.HV / p.H * p.T <= kGroupThreads;
 }
+// The group kernel's dynamic shared memory: a grid within one wave asks for enough that an SM
+// takes no more blocks than an even spread needs (ceil(blocks / SMs)). The block scheduler fills an
+// SM up to its residency before the next, so a grid of 256 blocks at three per SM ran on 86 of 132
+// SMs: Qwen3.5 bf16 T = 2 at B = 16 took 1.18x the time of two per SM (H200, 2026-11-28).
+size_t group_spread_smem(int64_t blocks, int total) {
+  const int reserve = smem_reserved_per_block(), per_sm = smem_per_sm();
+  const int64_t resident = std::min(kGroupBlocksPerSm, per_sm / (total + reserve));
+  const int64_t even = (blocks + sm_count() - 1) / sm_count();
+  if (even >= resident) return static_cast<size_t>(total);
+  // The least multiple of 16 bytes over per_sm / (even + 1) per block, reserve included.
+  const int spread = (per_sm / static_cast<int>(even + 1) - reserve + 16) / 16 * 16;
+  return static_cast<size_t>(std::max(total, spread));
+}
+
 // A launch of the group kernel with the shared memory of `lay`: `blocks` blocks of one (row, q/k
 // head), stages of rt rows (KV: columns), `tiles` per value head, nb buffers, T tokens; false where
 // the shared memory or the grid does not fit. Each planner adds its own fields.
@@ -617,7 +631,7 @@ bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb,
   lp.threads = kGroupThreads;
   lp.rows_per_thread = kGroupRR;
   lp.blocks = blocks;
-  lp.smem = static_cast<size_t>(lay.total);
+  lp.smem = group_spread_smem(blocks, lay.total);
   lp.geo.tile_rows = rt;
   lp.geo.tiles = tiles;
   lp.geo.buffers = nb;
@@ -630,10 +644,11 @@ bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb,
 // and fewer buffers let more blocks onto an SM (the fewest removed for the most blocks). A block's
 // shared memory grows with the GVA group times T (v, and the fused step's raw outputs and z, are
 // [group][T][V]): the fused step at Qwen3.5 bf16 T = 8 admits one block of four warps per SM with
-// three buffers (H200, 4957dc7: two took 0.64-0.69x the time at B = 16..256; at Qwen3.5 T = 2 and
-// 4 and Qwen3-Next T = 6, 2 -> 3 blocks, 0.84-0.91x from B = 64, and 1.15-1.19x at B = 16, a grid
-// within one wave, where the extra resident blocks have no work to take). One buffer (fp32 at
-// Qwen3.5 T >= 6) is not yet measured. layout(buffers) gives the GroupSmem of that many.
+// three buffers. Measured on the H200 against three (two for fp32) buffers at B = 16..256: Qwen3.5
+// bf16 T = 8 with one buffer (3 blocks) 0.53-0.64x the time, with two (2 blocks) 0.63-0.70x;
+// Qwen3.5 fp32 T = 8 with one (2 blocks) 0.64-0.70x; Qwen3-Next fp32 T = 4 and 8 0.82-0.91x;
+// 2 -> 3 blocks at Qwen3.5 T = 2 and 4 0.85-0.89x from B = 64 (bench/results 2026-11-28 group-nb).
+// layout(buffers) gives the GroupSmem of that many.
 template <typename Layout>
 int group_buffers(int64_t blocks, int nb, Layout layout) {
   const auto per_sm = [](const GroupSmem& l) {
@@ -641,10 +656,7 @@ int group_buffers(int64_t blocks, int nb, Layout layout) {
   };
   int best = nb, resident = per_sm(layout(nb));
   if (blocks <= static_cast<int64_t>(resident) * sm_count()) return nb;
-  // EXPERIMENT (exp/group-nb, removed before a merge): GDN_CUDA_GROUP_MIN_NB = 2 keeps two
-  // buffers at least, for a same-binary A/B of the one-buffer plans.
-  static const int min_nb = std::max(1, env_int("GDN_CUDA_GROUP_MIN_NB", 1));
-  for (int b = nb - 1; b >= min_nb; --b) {
+  for (int b = nb - 1; b >= 1; --b) {
     const int r = per_sm(layout(b));
     if (r > resident) best = b, resident = r;
   }
