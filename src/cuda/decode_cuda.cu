@@ -606,9 +606,10 @@ bool group_shape_ok(const Problem& p, int rt) {
   return p.K == 128 && p.V % rt == 0 && p.T <= kMaxChunk && p.HV / p.H * p.T <= kGroupThreads;
 }
 // The group kernel's dynamic shared memory: a grid within one wave asks for enough that an SM
-// takes no more blocks than an even spread needs (ceil(blocks / SMs)). The block scheduler fills an
-// SM up to its residency before the next, so a grid of 256 blocks at three per SM ran on 86 of 132
-// SMs: Qwen3.5 bf16 T = 2 at B = 16 took 1.18x the time of two per SM (H200, 2026-11-28).
+// takes no more blocks than an even spread needs (ceil(blocks / SMs)). More resident blocks than
+// that leave SMs idle (the block scheduler fills an SM before the next, it seems): at B = 16 (256
+// blocks on 132 SMs) three per SM took 1.18x the time of two at Qwen3.5 bf16 T = 2, and capped to
+// two, the cells that held three took 0.82-0.89x (H200, bench/results 2026-11-28 group-spread).
 size_t group_spread_smem(int64_t blocks, int total) {
   const int reserve = smem_reserved_per_block(), per_sm = smem_per_sm();
   const int64_t resident = std::min(kGroupBlocksPerSm, per_sm / (total + reserve));
