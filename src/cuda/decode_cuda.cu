@@ -605,18 +605,22 @@ bool kv_group_pays(const Problem& p, int64_t blocks, bool chunked) {
 bool group_shape_ok(const Problem& p, int rt) {
   return p.K == 128 && p.V % rt == 0 && p.T <= kMaxChunk && p.HV / p.H * p.T <= kGroupThreads;
 }
+// Blocks of the group kernel an SM holds with `smem` bytes of dynamic shared memory each: by
+// shared memory (the device's per SM, less its per-block reserve) and the launch bound.
+int group_blocks_per_sm(int smem) {
+  return std::min(kGroupBlocksPerSm, smem_per_sm() / (smem + smem_reserved_per_block()));
+}
+
 // The group kernel's dynamic shared memory: a grid within one wave asks for enough that an SM
 // takes no more blocks than an even spread needs (ceil(blocks / SMs)). More resident blocks than
 // that leave SMs idle (the block scheduler fills an SM before the next, it seems): at B = 16 (256
 // blocks on 132 SMs) three per SM took 1.18x the time of two at Qwen3.5 bf16 T = 2, and capped to
 // two, the cells that held three took 0.82-0.89x (H200, bench/results 2026-11-28 group-spread).
 size_t group_spread_smem(int64_t blocks, int total) {
-  const int reserve = smem_reserved_per_block(), per_sm = smem_per_sm();
-  const int64_t resident = std::min(kGroupBlocksPerSm, per_sm / (total + reserve));
-  const int64_t even = (blocks + sm_count() - 1) / sm_count();
-  if (even >= resident) return static_cast<size_t>(total);
-  // The least multiple of 16 bytes over per_sm / (even + 1) per block, reserve included.
-  const int spread = (per_sm / static_cast<int>(even + 1) - reserve + 16) / 16 * 16;
+  const int64_t sms = sm_count(), even = (blocks + sms - 1) / sms;
+  if (even >= group_blocks_per_sm(total)) return static_cast<size_t>(total);
+  // The least multiple of 16 bytes over smem_per_sm / (even + 1) per block, reserve included.
+  const int spread = (smem_per_sm() / static_cast<int>(even + 1) - smem_reserved_per_block() + 16) / 16 * 16;
   return static_cast<size_t>(std::max(total, spread));
 }
 
@@ -652,13 +656,10 @@ bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb,
 // layout(buffers) gives the GroupSmem of that many.
 template <typename Layout>
 int group_buffers(int64_t blocks, int nb, Layout layout) {
-  const auto per_sm = [](const GroupSmem& l) {
-    return std::min(kGroupBlocksPerSm, smem_per_sm() / (l.total + smem_reserved_per_block()));
-  };
-  int best = nb, resident = per_sm(layout(nb));
+  int best = nb, resident = group_blocks_per_sm(layout(nb).total);
   if (blocks <= static_cast<int64_t>(resident) * sm_count()) return nb;
   for (int b = nb - 1; b >= 1; --b) {
-    const int r = per_sm(layout(b));
+    const int r = group_blocks_per_sm(layout(b).total);
     if (r > resident) best = b, resident = r;
   }
   return best;
