@@ -777,6 +777,7 @@ struct LaunchPlan {
   int cluster = 1;          // fused step: blocks per thread-block cluster (fused.cuh)
   bool group = false;       // the group kernel (group.cuh): the fused step's instead of a cluster,
                             // decode's KV instead of a tile kernel
+  bool group4 = false;      // the group kernel's instantiation for four blocks per SM (16-bit KV)
   Geometry geo;
 };
 

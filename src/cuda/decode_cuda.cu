@@ -606,9 +606,9 @@ bool group_shape_ok(const Problem& p, int rt) {
   return p.K == 128 && p.V % rt == 0 && p.T <= kMaxChunk && p.HV / p.H * p.T <= kGroupThreads;
 }
 // Blocks of the group kernel an SM holds with `smem` bytes of dynamic shared memory each: by
-// shared memory (the device's per SM, less its per-block reserve) and the launch bound.
-int group_blocks_per_sm(int smem) {
-  return std::min(kGroupBlocksPerSm, smem_per_sm() / (smem + smem_reserved_per_block()));
+// shared memory (the device's per SM, less its per-block reserve) and the launch bound `cap`.
+int group_blocks_per_sm(int smem, int cap = kGroupBlocksPerSm) {
+  return std::min(cap, smem_per_sm() / (smem + smem_reserved_per_block()));
 }
 
 // The group kernel's dynamic shared memory: a grid within one wave asks for enough that an SM
@@ -616,9 +616,9 @@ int group_blocks_per_sm(int smem) {
 // that leave SMs idle (the block scheduler fills an SM before the next, it seems): at B = 16 (256
 // blocks on 132 SMs) three per SM took 1.18x the time of two at Qwen3.5 bf16 T = 2, and capped to
 // two, the cells that held three took 0.82-0.89x (H200, bench/results 2026-11-28 group-spread).
-size_t group_spread_smem(int64_t blocks, int total) {
+size_t group_spread_smem(int64_t blocks, int total, int cap) {
   const int64_t sms = sm_count(), even = (blocks + sms - 1) / sms;
-  if (even >= group_blocks_per_sm(total)) return static_cast<size_t>(total);
+  if (even >= group_blocks_per_sm(total, cap)) return static_cast<size_t>(total);
   // The least multiple of 16 bytes over smem_per_sm / (even + 1) per block, reserve included.
   const int spread = (smem_per_sm() / static_cast<int>(even + 1) - smem_reserved_per_block() + 16) / 16 * 16;
   return static_cast<size_t>(std::max(total, spread));
@@ -627,7 +627,8 @@ size_t group_spread_smem(int64_t blocks, int total) {
 // A launch of the group kernel with the shared memory of `lay`: `blocks` blocks of one (row, q/k
 // head), stages of rt rows (KV: columns), `tiles` per value head, nb buffers, T tokens; false where
 // the shared memory or the grid does not fit. Each planner adds its own fields.
-bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb, int T, LaunchPlan& out) {
+bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb, int T, LaunchPlan& out,
+                int cap = kGroupBlocksPerSm) {
   if (static_cast<size_t>(lay.total) > kTileSmemMax || blocks > INT32_MAX) return false;
   LaunchPlan lp;
   lp.group = true;
@@ -636,7 +637,8 @@ bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb,
   lp.threads = kGroupThreads;
   lp.rows_per_thread = kGroupRR;
   lp.blocks = blocks;
-  lp.smem = group_spread_smem(blocks, lay.total);
+  lp.smem = group_spread_smem(blocks, lay.total, cap);
+  lp.group4 = cap == kGroupKvBlocksPerSm;
   lp.geo.tile_rows = rt;
   lp.geo.tiles = tiles;
   lp.geo.buffers = nb;
@@ -655,11 +657,11 @@ bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb,
 // 2 -> 3 blocks at Qwen3.5 T = 2 and 4 0.85-0.89x from B = 64 (bench/results 2026-11-28 group-nb).
 // layout(buffers) gives the GroupSmem of that many.
 template <typename Layout>
-int group_buffers(int64_t blocks, int nb, Layout layout) {
-  int best = nb, resident = group_blocks_per_sm(layout(nb).total);
+int group_buffers(int64_t blocks, int nb, Layout layout, int cap = kGroupBlocksPerSm) {
+  int best = nb, resident = group_blocks_per_sm(layout(nb).total, cap);
   if (blocks <= static_cast<int64_t>(resident) * sm_count()) return nb;
   for (int b = nb - 1; b >= 1; --b) {
-    const int r = group_blocks_per_sm(layout(b).total);
+    const int r = group_blocks_per_sm(layout(b).total, cap);
     if (r > resident) best = b, resident = r;
   }
   return best;
@@ -826,9 +828,20 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
                      rt, buffers, static_cast<int>(sizeof(S)), norm, zb, wb,
                      p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
   };
-  const int nb = group_buffers(blocks, std::min(sizeof(S) == 4 && !p.layout_kv ? 2 : 3, group * tiles), layout);
+  const int nb0 = std::min(sizeof(S) == 4 && !p.layout_kv ? 2 : 3, group * tiles);
+  int nb = group_buffers(blocks, nb0, layout), cap = kGroupBlocksPerSm;
+  // 16-bit KV past one wave of three blocks per SM: the kernel compiled for four, where some
+  // buffer count admits a fourth. Same-call A/B on the H200 (fused KV bf16, pool, min of two):
+  // 0.83-0.94x at T = 1, 2, 4 from B = 64 (Qwen3.5 T = 4 B = 64 171.1 -> 142.7 us) but Qwen3.5
+  // T = 1 1.007-1.017; unchanged at B = 16 and at T = 8, where no fourth block fits
+  // (bench/results 2026-11-28 kv-group-4-ab).
+  if (p.layout_kv && sizeof(S) == 2 && blocks > int64_t{kGroupBlocksPerSm} * sm_count()) {
+    const int nb4 = group_buffers(blocks, nb0, layout, kGroupKvBlocksPerSm);
+    const GroupSmem l4 = layout(nb4);
+    if (group_blocks_per_sm(l4.total, kGroupKvBlocksPerSm) >= kGroupKvBlocksPerSm) nb = nb4, cap = kGroupKvBlocksPerSm;
+  }
   const GroupSmem lay = layout(nb);
-  if (!group_plan(blocks, lay, rt, tiles, nb, T, lp)) return false;
+  if (!group_plan(blocks, lay, rt, tiles, nb, T, lp, cap)) return false;
   lp.geo.qkv_vec = false;
   lp.geo.conv_vec = true;
   lp.geo.conv_cm = conv == kConvCm;

@@ -69,6 +69,9 @@ cudaError_t fused_dispatch(const FusedProblem& f, const LaunchPlan& lp, const Ac
       constexpr bool kNorm = decltype(norm)::value, kSr = decltype(sr)::value;
       if (lp.group) {
         if constexpr (K == 128) {
+          if constexpr (kKv && sizeof(S) == 2) {
+            if (lp.group4) return act.template run<group_kernel<S, K, kNorm, kSr, kKv, true, kGroupKvBlocksPerSm>>();
+          }
           return act.template run<group_kernel<S, K, kNorm, kSr, kKv>>();
         } else {
           return cudaErrorInvalidConfiguration;  // planned for K = 128 only

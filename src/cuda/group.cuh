@@ -37,6 +37,11 @@ constexpr int kGroupRR = 4;                                   // state rows per 
 constexpr int kGroupRows = kGroupRR * (kGroupThreads / 8);    // RT at K = 128: 64 rows, one pass
 constexpr int kGroupMaxBuffers = 4;
 constexpr int kGroupBlocksPerSm = 3;  // the register cap (__launch_bounds__): up to 168 per thread
+// The fused step's 16-bit KV group kernel on grids past one wave of three blocks per SM: a second
+// instantiation for four (128 registers, no spills at round-to-nearest). VK loses more to that
+// cap than a fourth block buys (0.98-1.21x slower, 3e5e8ba), 16-bit KV gains (decode_cuda.cu,
+// plan_fused_group).
+constexpr int kGroupKvBlocksPerSm = 4;
 // KV: 8 lanes of 16 bytes along V (a 128-byte line of each row per warp instruction), K / 16
 // rows per thread at 128 threads.
 template <typename S, int K>
@@ -155,8 +160,9 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Gro
 // kSr: the stochastic-rounding store compiled in (as decode's kernels, vk_launch.cuh). kKv: the
 // KV layout (geo.tile_rows is then the stage's VT columns). kConv: the fused step; without it,
 // decode (f.step alone; the KV layout, no norm), its inputs staged as the tile kernels stage them.
-template <typename S, int K, bool kNorm, bool kSr = true, bool kKv = false, bool kConv = true>
-__global__ void __launch_bounds__(kGroupThreads, kGroupBlocksPerSm)
+template <typename S, int K, bool kNorm, bool kSr = true, bool kKv = false, bool kConv = true,
+          int kMinBlocks = kGroupBlocksPerSm>
+__global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
     group_kernel(const __grid_constant__ FusedProblem f, const Geometry geo) {
   constexpr int NT = kGroupThreads, RR = kGroupRR;
   using Sh = VkShape<S, K, 1>;
