@@ -303,6 +303,17 @@ __device__ __forceinline__ float smem_f32(const void* row, DType dt, int i) {
   return dt == DType::kF32 ? static_cast<const float*>(row)[i]
                            : bits_to_f32(static_cast<const uint16_t*>(row)[i], dt);
 }
+// Elements i..i+3 of a raw row in shared memory, as fp32; i a multiple of 4 (one 8- or 16-byte load).
+__device__ __forceinline__ void smem_f32x4(const void* row, DType dt, int i, float (&x)[4]) {
+  if (dt == DType::kF32) {
+    const float4 v = static_cast<const float4*>(row)[i / 4];
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else {
+    const uint2 v = static_cast<const uint2*>(row)[i / 4];
+    x[0] = bits_to_f32(v.x & 0xffffu, dt), x[1] = bits_to_f32(v.x >> 16, dt);
+    x[2] = bits_to_f32(v.y & 0xffffu, dt), x[3] = bits_to_f32(v.y >> 16, dt);
+  }
+}
 
 // zw = norm_weight * silu(z) of the block's outputs [T][nc] (columns past V clamp to V - 1),
 // for layouts the 16-byte path does not take. Both loads are issued before either is used.
