@@ -283,13 +283,13 @@ __device__ __forceinline__ void fused_push_slice(const Problem& p, const FusedSh
 template <int NT>
 __device__ __forceinline__ void fused_norm_issue(const FusedProblem& f, const FusedSmem& fs, int64_t n, int64_t hv,
                                                  int64_t c0, int nc, int T) {
-  const int es = f.norm_weight.dtype == DType::kF32 ? 4 : 2;
+  const int es = dtype_bytes(f.norm_weight.dtype);
   const int per = nc * es / 16;  // 16-byte pieces per row
   const char* const w = static_cast<const char*>(f.norm_weight.data) + c0 * es;
   const int r = rotated_tid<NT>(1);  // warp 0 issues the conv inputs (fused_conv_vec_issue_inputs)
   for (int i = r; i < per; i += NT) cp_async16(reinterpret_cast<char*>(fs.wn) + i * 16, w + i * 16);
   if (f.z.data == nullptr) return;
-  const int zs = f.z.dtype == DType::kF32 ? 4 : 2;
+  const int zs = dtype_bytes(f.z.dtype);
   const int zper = nc * zs / 16;
   const char* const z = static_cast<const char*>(f.z.data) + (n * f.z.s[0] + hv * f.z.s[2] + c0) * zs;
   for (int i = r; i < T * zper; i += NT) {

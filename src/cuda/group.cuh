@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
   const int gV = group * V;
   const int RT = geo.tile_rows, tiles = geo.tiles, NB = geo.buffers, NS = group * tiles;
   const bool norm_vec = kNorm && geo.norm_vec;
-  const int zs = f.z.dtype == DType::kF32 ? 4 : 2, wns = f.norm_weight.dtype == DType::kF32 ? 4 : 2;
+  const int zs = dtype_bytes(f.z.dtype), wns = dtype_bytes(f.norm_weight.dtype);
   const int cm = geo.conv_cm ? Lc : 0;
   const GroupSmem lay(K, V, group, T, W, Lc, cm > 0, RT, NB, static_cast<int>(sizeof(S)), kNorm,
                       norm_vec && f.z.data != nullptr ? zs : 0, norm_vec ? wns : 0, kKv ? Kv::kRedFloats : 0,
@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
     // its squares and writes its outputs, four columns per lane, with no second barrier and no
     // division per element (the loop below: ~320 instructions per warp at T = 1, 7% of the
     // kernel's, and the norm cost 10% of Qwen3-Next bf16 T = 1 B = 256's time; H200 ncu).
-    const int ob = p.o.dtype == DType::kF32 ? 4 : 2;
+    const int ob = dtype_bytes(p.o.dtype);
     if (norm_vec && V % 4 == 0 && reinterpret_cast<uintptr_t>(p.o.data) % (4 * ob) == 0 && p.o.s[0] % 4 == 0 &&
         p.o.s[1] % 4 == 0 && p.o.s[2] % 4 == 0) {
       for (int e = warp; e < group * T; e += NT / 32) {  // e = head * T + t
