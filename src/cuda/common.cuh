@@ -467,6 +467,7 @@ struct Geometry {
   bool conv_cm = false;  // fused step: its channel-major variant (conv state [.., D, L], L contiguous)
   bool norm_vec = false; // fused step: the norm's inputs by 16-byte cp.async (fused_norm_vec_ok)
   int buffers = 0;       // group kernel: state stage buffers (group.cuh)
+  int hpb = 1;           // group kernel, fused step: q/k heads per block (1, or 2 at VK 16-bit; plan_fused_group)
 };
 
 struct StageSmem {

@@ -115,6 +115,13 @@ int group_mode() {
   static const int v = env_int("GDN_CUDA_GROUP", 1);
   return v;
 }
+//   GDN_CUDA_GROUP_HPB=0|1|2  the fused step's VK group kernel at 16-bit states: q/k heads per
+//   block; 0 (default) the measured rule (plan_fused_group), 2 wherever it applies (the GPU tests
+//   force it)
+int group_hpb() {
+  static const int v = env_int("GDN_CUDA_GROUP_HPB", 0);
+  return v;
+}
 int tile_blocks_per_sm() {
   static const int v = env_int("GDN_CUDA_TILE_BPS", 4);
   return v;
@@ -817,8 +824,24 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
                         ? state_bytes >= kGroupKvMinStateBytesPerSm * sm_count()
                         : 2 * blocks >= 3 * sm_count() && (p.T >= 4 || state_bytes >= kGroupMinStateBytesPerSm * sm_count());
   if (mode == 1 && !pays) return false;
-  const int group = static_cast<int>(p.HV / p.H), V = static_cast<int>(p.V), T = static_cast<int>(p.T);
+  const int V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / rt;
+  // Two q/k heads per block (the VK kernel at 16-bit states): one conv phase, slot chain and
+  // barrier set for both heads' value heads, so a block's fixed start is paid half as often. It
+  // pays at a GVA group of two (Qwen3-Next), T <= 2, where two heads per block still fill two
+  // waves of three blocks per SM. Measured on the H200 (fused, pool, min of two runs; docs/design.md,
+  // "Two q/k heads per block"): Qwen3-Next bf16 T = 1 B = 128 72.0 -> 68.7 us, B = 256
+  // 137.9 -> 127.3, B = 512 269.9 -> 242.8; T = 2 B = 256 167.0 -> 144.7, B = 512 329.7 -> 273.4.
+  // Lost at B = 64 (1.05-1.12x; 1.3 waves), at a group of four (Qwen3.5 1.04-1.25x from B = 64),
+  // at fp32 (1.00-1.09x), at T = 8 (1.16-1.23x) and at T = 4 but for B = 256 (0.92x). KV keeps one
+  // head: its 16-bit four-block kernel has no registers for two. fp16 follows bf16 (not timed).
+  const int qg = static_cast<int>(p.HV / p.H);
+  const bool two_ok = !p.layout_kv && sizeof(S) == 2 && p.H % 2 == 0 && 2 * qg * T <= kGroupThreads;
+  const bool two = two_ok && (group_hpb() == 2 || (group_hpb() == 0 && qg <= 2 && p.T <= 2 &&
+                                                   blocks / 2 >= 2 * int64_t{kGroupBlocksPerSm} * sm_count()));
+  const int hpb = two ? 2 : 1;
+  const int group = static_cast<int>(p.HV / p.H) * hpb;
+  const int64_t grid = blocks / hpb;
   const bool norm = f.norm_weight.data != nullptr;
   const bool norm_vec = norm && fused_norm_vec_ok(f, V);
   const int zb = norm_vec && f.z.data != nullptr ? dtype_bytes_host(f.z.dtype) : 0;
@@ -826,26 +849,27 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const auto layout = [&](int buffers) {
     return GroupSmem(static_cast<int>(p.K), V, group, T, static_cast<int>(f.W), static_cast<int>(f.L), conv == kConvCm,
                      rt, buffers, static_cast<int>(sizeof(S)), norm, zb, wb,
-                     p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0);
+                     p.layout_kv ? GroupKvShape<S, 128>::kRedFloats : 0, 0, hpb);
   };
   const int nb0 = std::min(sizeof(S) == 4 && !p.layout_kv ? 2 : 3, group * tiles);
-  int nb = group_buffers(blocks, nb0, layout), cap = kGroupBlocksPerSm;
+  int nb = group_buffers(grid, nb0, layout), cap = kGroupBlocksPerSm;
   // 16-bit KV past one wave of three blocks per SM: the kernel compiled for four, where some
   // buffer count admits a fourth. Same-call A/B on the H200 (fused KV bf16, pool, min of two):
   // 0.83-0.94x at T = 1, 2, 4 from B = 64 (Qwen3.5 T = 4 B = 64 171.1 -> 142.7 us) but Qwen3.5
   // T = 1 1.007-1.017; unchanged at B = 16 and at T = 8, where no fourth block fits
   // (bench/results 2026-11-28 kv-group-4-ab).
-  if (p.layout_kv && sizeof(S) == 2 && blocks > int64_t{kGroupBlocksPerSm} * sm_count()) {
-    const int nb4 = group_buffers(blocks, nb0, layout, kGroupKvBlocksPerSm);
+  if (p.layout_kv && sizeof(S) == 2 && grid > int64_t{kGroupBlocksPerSm} * sm_count()) {
+    const int nb4 = group_buffers(grid, nb0, layout, kGroupKvBlocksPerSm);
     const GroupSmem l4 = layout(nb4);
     if (group_blocks_per_sm(l4.total, kGroupKvBlocksPerSm) >= kGroupKvBlocksPerSm) nb = nb4, cap = kGroupKvBlocksPerSm;
   }
   const GroupSmem lay = layout(nb);
-  if (!group_plan(blocks, lay, rt, tiles, nb, T, lp, cap)) return false;
+  if (!group_plan(grid, lay, rt, tiles, nb, T, lp, cap)) return false;
   lp.geo.qkv_vec = false;
   lp.geo.conv_vec = true;
   lp.geo.conv_cm = conv == kConvCm;
   lp.geo.norm_vec = norm_vec;
+  lp.geo.hpb = hpb;
   lp.geo.prefetch = false;  // the group kernel has no L2 prefetch
   lp.pdl = pdl_enabled();
   return true;

@@ -72,6 +72,9 @@ cudaError_t fused_dispatch(const FusedProblem& f, const LaunchPlan& lp, const Ac
           if constexpr (kKv && sizeof(S) == 2) {
             if (lp.group4) return act.template run<group_kernel<S, K, kNorm, kSr, kKv, true, kGroupKvBlocksPerSm>>();
           }
+          if constexpr (!kKv && sizeof(S) == 2) {
+            if (lp.geo.hpb == 2) return act.template run<group_kernel<S, K, kNorm, kSr, kKv, true, kGroupBlocksPerSm, 2>>();
+          }
           return act.template run<group_kernel<S, K, kNorm, kSr, kKv>>();
         } else {
           return cudaErrorInvalidConfiguration;  // planned for K = 128 only

@@ -51,7 +51,7 @@ using GroupKvShape = KvShape<S, K, kGroupThreads, 8>;
 // it from the same numbers (plan_fused_group, group_kernel).
 struct GroupSmem {
   int buf = 0;   // [NB][RT][K] state stages, S (KV: [NB][K][RT], RT = VT columns)
-  int q, k;      // [T][K] fp32 conv outputs at the layout's Pos positions (VkShape, KvShape)
+  int q, k;      // [hpb][T][K] fp32 conv outputs at the layout's Pos positions (VkShape, KvShape)
   int v;         // [T][group * V] fp32
   int tok;       // [group][T][kTokScalars]
   int win;       // uint4 [wl][G8] raw windows, [G8][W] taps, [G8] bias (channel-major: [G8][L] raw columns);
@@ -63,18 +63,18 @@ struct GroupSmem {
   int red;       // KV: kv_reduce's double-buffered partial sums (red_floats)
   int ws;        // int64 [T] conv write slots (fused step)
   int total;
-  int G8;        // groups of 8 conv channels: (2K + group V) / 8
+  int G8;        // groups of 8 conv channels: (2 hpb K + group V) / 8
   int wl;        // window rows: old columns first..L-1, then the T inputs
   static constexpr __host__ __device__ int up16(int b) { return (b + 15) / 16 * 16; }
   // raw_bytes: decode's staging bytes (Geometry::raw_bytes); 0 for the fused step's conv windows.
   __host__ __device__ GroupSmem(int K, int V, int group, int T, int W, int L, bool cm, int rt, int nb,
                                 int state_bytes, bool norm, int z_bytes, int wn_bytes, int red_floats,
-                                int raw_bytes) {
-    G8 = (2 * K + group * V) / 8;
+                                int raw_bytes, int hpb = 1) {
+    G8 = (2 * hpb * K + group * V) / 8;
     wl = L - conv_first_col(L, W) + T;
     q = up16(nb * rt * K * state_bytes);
-    k = q + up16(T * K * 4);
-    v = k + up16(T * K * 4);
+    k = q + up16(hpb * T * K * 4);
+    v = k + up16(hpb * T * K * 4);
     tok = v + up16(T * group * V * 4);
     win = tok + up16(group * T * kTokScalars * 4);
     const int win_bytes = raw_bytes > 0 ? up16(raw_bytes) : 16 * conv_win_pieces(G8, wl, W, cm ? L : 0);
@@ -116,16 +116,19 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
   }
 }
 
-// The conv channel of the block's channel c (q: [0, K), k: [K, 2K), v: the group's [2K, 2K + group V)).
-__device__ __forceinline__ int64_t group_channel(const Problem& p, int64_t h, int c) {
-  const int64_t K = p.K;
-  return c < K ? h * K + c : c < 2 * K ? (p.H + h) * K + (c - K) : 2 * p.H * K + h * (p.HV / p.H) * p.V + (c - 2 * K);
+// The conv channel of the block's channel c, for its hpb q/k heads h0.. (adjacent in each part of
+// mixed_qkv): q: [0, QK), k: [QK, 2 QK), v: their value heads' [2 QK, 2 QK + group V), QK = hpb K.
+__device__ __forceinline__ int64_t group_channel(const Problem& p, int64_t h0, int hpb, int c) {
+  const int64_t K = p.K, QK = hpb * K;
+  return c < QK       ? h0 * K + c
+         : c < 2 * QK ? (p.H + h0) * K + (c - QK)
+                      : 2 * p.H * K + h0 * (p.HV / p.H) * p.V + (c - 2 * QK);
 }
 
 // The conv and SiLU of channels 2 * sub, +1 of 8-channel group g at token t (the inputs landed):
 // q and k at their Pos positions (kPairs: an even channel and the next are adjacent there, VK;
 // KV spreads them), v in order.
-template <class Pos, bool kPairs, int K, int kW>
+template <class Pos, bool kPairs, int K, int kW, int kHpb>
 __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const GroupSmem& lay, char* base, int g,
                                                 int sub, int t, int gV) {
   const int G8 = lay.G8;
@@ -139,13 +142,14 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Gro
   const int row0 = static_cast<int>(f.L) - (kW - 1) - conv_first_col(static_cast<int>(f.L), kW) + t;
   const uint32_t* const x = win + (row0 * G8 + g) * 4 + sub;
   const float2 y = conv_vec_pair<kW>(taps, bias, [&](int k) { return x[k * G8 * 4]; }, f.x.dtype);
-  const int c = g * 8 + 2 * sub;
-  if (c >= 2 * K) {
-    *reinterpret_cast<float2*>(reinterpret_cast<float*>(base + lay.v) + t * gV + (c - 2 * K)) = y;
+  const int c = g * 8 + 2 * sub, QK = kHpb * K;
+  if (c >= 2 * QK) {
+    *reinterpret_cast<float2*>(reinterpret_cast<float*>(base + lay.v) + t * gV + (c - 2 * QK)) = y;
     return;
   }
-  float* const row = reinterpret_cast<float*>(base + (c < K ? lay.q : lay.k)) + t * K;
-  const int e = c < K ? c : c - K;
+  const int cc = c < QK ? c : c - QK, qh = kHpb == 1 ? 0 : cc / K;  // q/k head qh's element e
+  float* const row = reinterpret_cast<float*>(base + (c < QK ? lay.q : lay.k)) + (qh * static_cast<int>(f.step.T) + t) * K;
+  const int e = cc - qh * K;
   if constexpr (kPairs) {
     *reinterpret_cast<float2*>(row + Pos{}(e)) = y;
   } else {
@@ -160,8 +164,9 @@ __device__ __forceinline__ void group_conv_item(const FusedProblem& f, const Gro
 // kSr: the stochastic-rounding store compiled in (as decode's kernels, vk_launch.cuh). kKv: the
 // KV layout (geo.tile_rows is then the stage's VT columns). kConv: the fused step; without it,
 // decode (f.step alone; the KV layout, no norm), its inputs staged as the tile kernels stage them.
+// kHpb: q/k heads per block (the fused step's VK three-block kernel only; plan_fused_group).
 template <typename S, int K, bool kNorm, bool kSr = true, bool kKv = false, bool kConv = true,
-          int kMinBlocks = kGroupBlocksPerSm>
+          int kMinBlocks = kGroupBlocksPerSm, int kHpb = 1>
 __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
     group_kernel(const __grid_constant__ FusedProblem f, const Geometry geo) {
   constexpr int NT = kGroupThreads, RR = kGroupRR;
@@ -171,10 +176,16 @@ __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
   static_assert(G * RR == kGroupRows || K != 128);
   static_assert(!kKv || Kv::LV * Kv::KG == NT);
   static_assert(kConv || (kKv && !kNorm), "decode's group kernel: the KV layout, no norm");
+  static_assert(kHpb == 1 || (kConv && !kKv && kMinBlocks == kGroupBlocksPerSm),
+                "several q/k heads per block: the fused step's VK three-block kernel");
   const Problem& p = f.step;
   const int T = static_cast<int>(p.T), V = static_cast<int>(p.V), W = static_cast<int>(f.W);
   const int Lc = static_cast<int>(f.L);
-  const int group = static_cast<int>(p.HV / p.H);
+  // hpb q/k heads per block, each with qgroup value heads: the block's group value heads hv0..
+  // are adjacent, and so are its q, k and v channels in mixed_qkv. A constant: a runtime count
+  // cost 1-2% at T >= 4 where it was one (docs/design.md).
+  constexpr int hpb = kHpb;
+  const int qgroup = static_cast<int>(p.HV / p.H), group = qgroup * hpb;
   const int gV = group * V;
   const int RT = geo.tile_rows, tiles = geo.tiles, NB = geo.buffers, NS = group * tiles;
   const bool norm_vec = kNorm && geo.norm_vec;
@@ -182,7 +193,7 @@ __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
   const int cm = geo.conv_cm ? Lc : 0;
   const GroupSmem lay(K, V, group, T, W, Lc, cm > 0, RT, NB, static_cast<int>(sizeof(S)), kNorm,
                       norm_vec && f.z.data != nullptr ? zs : 0, norm_vec ? wns : 0, kKv ? Kv::kRedFloats : 0,
-                      kConv ? 0 : geo.raw_bytes);
+                      kConv ? 0 : geo.raw_bytes, hpb);
 
   extern __shared__ float4 smem4[];
   char* const base = reinterpret_cast<char*>(smem4);
@@ -199,9 +210,9 @@ __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
   const int rg = tid / L, j = tid % L;  // VK: row group and lane within the row (VkShape)
   const int vl = lane % Kv::LV, kgw = lane / Kv::LV, kg = warp * Kv::KGW + kgw;  // KV (KvShape)
-  const uint32_t bx = blockIdx.x, H32 = static_cast<uint32_t>(p.H);
-  const int64_t n = bx / H32, h = bx - static_cast<uint32_t>(n) * H32;
-  const int64_t hv0 = h * group;
+  const uint32_t bx = blockIdx.x, H32 = static_cast<uint32_t>(p.H / hpb);  // blocks per row
+  const int64_t n = bx / H32, h = (bx - static_cast<uint32_t>(n) * H32) * hpb;  // the first q/k head
+  const int64_t hv0 = h * qgroup;
   const int G8 = lay.G8, first = conv_first_col(Lc, W), lc = Lc - first;
 
   // The staged tokens as the tile kernels' helpers see them (decode's raw inputs in the window
@@ -233,7 +244,7 @@ __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
     uint4* const taps = win + lay.wl * G8;
     uint4* const bias = taps + G8 * W;
     for (int g = tid; g < G8; g += NT) {
-      const int64_t d = group_channel(p, h, g * 8);
+      const int64_t d = group_channel(p, h, hpb, g * 8);
       const char* const xs = static_cast<const char*>(f.x.data) + (n * f.x.s[0] + d) * 2;
       for (int t = 0; t < T; ++t) cp_async16(win + (lc + t) * G8 + g, xs + t * f.x.s[1] * 2);
       const char* const wsrc = static_cast<const char*>(f.conv_weight.data) + d * W * 2;
@@ -273,7 +284,7 @@ __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
   uint4* const scratch = conv_cm_scratch(win, G8, lay.wl, W);
   if constexpr (kConv) {
     for (int g = tid; g < G8; g += NT)
-      conv_vec_issue_columns(f, win, scratch, cm, G8, g, group_channel(p, h, g * 8), slots.read, first);
+      conv_vec_issue_columns(f, win, scratch, cm, G8, g, group_channel(p, h, hpb, g * 8), slots.read, first);
     cp_async_commit();
   }
   const auto issue_stage = [&](int s) {
@@ -327,30 +338,31 @@ __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
     using Pos = std::conditional_t<kKv, typename Kv::Pos, typename Sh::Pos>;
     switch (W) {
       case 2:
-        group_conv_item<Pos, !kKv, K, 2>(f, lay, base, g, sub, t, gV);
+        group_conv_item<Pos, !kKv, K, 2, hpb>(f, lay, base, g, sub, t, gV);
         break;
       case 3:
-        group_conv_item<Pos, !kKv, K, 3>(f, lay, base, g, sub, t, gV);
+        group_conv_item<Pos, !kKv, K, 3, hpb>(f, lay, base, g, sub, t, gV);
         break;
       default:
-        group_conv_item<Pos, !kKv, K, 4>(f, lay, base, g, sub, t, gV);
+        group_conv_item<Pos, !kKv, K, 4, hpb>(f, lay, base, g, sub, t, gV);
         break;
     }
   }
   __syncthreads();  // the conv outputs (decode: q, k, v), the gates and the write slots
 
-  // Per token: the q/k norms and q.k (warp t), shared by the group's heads.
-  for (int t = warp; t < T; t += NT / 32) {
+  // Per (q/k head, token): the q/k norms and q.k (warp qt), shared by that head's value heads.
+  for (int qt = warp; qt < hpb * T; qt += NT / 32) {
+    const int qh = hpb == 1 ? 0 : qt / T, t = qt - qh * T;
     float sqq = 0.f, skk = 0.f, sqk = 0.f;
     for (int e = lane; e < K; e += 32) {
-      const float qf = q_s[t * K + e], kf = k_s[t * K + e];  // same permutation for q and k
+      const float qf = q_s[qt * K + e], kf = k_s[qt * K + e];  // same permutation for q and k
       sqq = fmaf(qf, qf, sqq);
       skk = fmaf(kf, kf, skk);
       sqk = fmaf(qf, kf, sqk);
     }
     warp_sum_qk(sqq, skk, sqk);
     const TokScalars ts = token_scalars(p, sqq, skk, sqk);
-    for (int hi = lane; hi < group; hi += 32) {
+    for (int hi = qh * qgroup + lane; hi < (qh + 1) * qgroup; hi += 32) {
       float* const tk = tok_s + (hi * T + t) * kTokScalars;
       tk[0] = ts.rqs;
       tk[1] = ts.rk;
@@ -360,7 +372,7 @@ __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
   // The conv state after each stored token (and conv_inter). The block alone reads these
   // channels, and it has read them.
   for (int g = tid; kConv && g < G8; g += NT)
-    conv_vec_store_group(f, win, cm, G8, g, group_channel(p, h, g * 8), n, first, T, ws_s);
+    conv_vec_store_group(f, win, cm, G8, g, group_channel(p, h, hpb, g * 8), n, first, T, ws_s);
 
   if constexpr (kKv) {
     // The stages: value head hi = s / tiles, columns (s % tiles) * VT on. A thread waits for its
@@ -400,6 +412,10 @@ __global__ void __launch_bounds__(kGroupThreads, kMinBlocks)
       issue_stage(s + NB);
 
       sm.tok = tok_s + hi * T * kTokScalars;
+      if constexpr (hpb > 1) {  // its q/k head's rows
+        sm.q = q_s + hi / qgroup * T * K;
+        sm.k = k_s + hi / qgroup * T * K;
+      }
       const float* const vrow = v_s + hi * V + row0 + rg;  // token t at + t * gV
       float* const o_head = o_s + hi * T * V;
       float gam_acc = 1.f;
