@@ -25,6 +25,10 @@
 // fused step the conv's 16-byte path (mixed_qkv, conv state and taps of one 16-bit dtype; the
 // conv state channels-contiguous or channel-major packed, fused_conv_path), decode the group's v
 // heads adjacent. Other calls take the cluster form or decode's tile kernels.
+//
+// kHpb = 2 (the fused step, VK, 16-bit states; plan_fused_group's rule): a block takes two
+// adjacent q/k heads, so one conv phase, slot chain and barrier set serve both heads' value
+// heads (docs/design.md, "Two q/k heads per block").
 #pragma once
 
 #include "kv.cuh"
