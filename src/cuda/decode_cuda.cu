@@ -828,7 +828,8 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const int tiles = V / rt;
   // Two q/k heads per block (the VK kernel at 16-bit states): one conv phase, slot chain and
   // barrier set for both heads' value heads, so a block's fixed start is paid half as often. It
-  // pays at a GVA group of two (Qwen3-Next), T <= 2, where two heads per block still fill 1.75
+  // pays at a GVA group of two (Qwen3-Next; a group of one was neither timed nor tested with
+  // two heads, so it keeps one), T <= 2, where two heads per block still fill 1.75
   // waves of three blocks per SM (Qwen3-Next from B = 87 on 132 SMs: B = 96 0.92-0.96x, B = 80
   // 1.02-1.04x, B = 64 1.06-1.12x, bf16 and fp16). Measured on the H200 (fused, pool, min of two
   // runs; docs/design.md, "Two q/k heads per block"): Qwen3-Next bf16 T = 1 B = 128 72.0 -> 68.7 us, B = 256
@@ -838,7 +839,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   // four-block kernel has no registers for two.
   const int qg = static_cast<int>(p.HV / p.H);
   const bool two_ok = !p.layout_kv && sizeof(S) == 2 && p.H % 2 == 0 && 2 * qg * T <= kGroupThreads;
-  const bool two = two_ok && (group_hpb() == 2 || (group_hpb() == 0 && qg <= 2 && p.T <= 2 &&
+  const bool two = two_ok && (group_hpb() == 2 || (group_hpb() == 0 && qg == 2 && p.T <= 2 &&
                                                    2 * blocks >= 7 * int64_t{kGroupBlocksPerSm} * sm_count()));
   const int hpb = two ? 2 : 1;
   const int group = static_cast<int>(p.HV / p.H) * hpb;
