@@ -38,26 +38,6 @@ __device__ __forceinline__ void store_scalar(void* base, DType dt, int64_t off, 
   }
 }
 
-// Four consecutive elements at dst (aligned to four of them), rounded to nearest: one 8- or
-// 16-byte store.
-__device__ __forceinline__ void store_f32x4(void* dst, DType dt, const float (&x)[4]) {
-  switch (dt) {
-    case DType::kF32:
-      *static_cast<float4*>(dst) = make_float4(x[0], x[1], x[2], x[3]);
-      break;
-    case DType::kBF16: {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]), hi = __floats2bfloat162_rn(x[2], x[3]);
-      *static_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-      break;
-    }
-    default: {
-      const __half2 lo = __floats2half2_rn(x[0], x[1]), hi = __floats2half2_rn(x[2], x[3]);
-      *static_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-      break;
-    }
-  }
-}
-
 // A scalar loaded now and converted later: the loads of a block's prologue (gates, slot
 // indices) are issued back to back and only then used, so their latencies overlap. (Converted
 // inside the dtype branch right after the load, each made the thread wait for it there: the
@@ -124,6 +104,24 @@ __device__ __forceinline__ uint32_t pack2(float a, float b, __nv_bfloat16*) {
 __device__ __forceinline__ uint32_t pack2(float a, float b, __half*) {
   const __half2 h = __floats2half2_rn(a, b);
   return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Four consecutive elements at dst (aligned to four of them), rounded to nearest: one 8- or
+// 16-byte store.
+__device__ __forceinline__ void store_f32x4(void* dst, DType dt, const float (&x)[4]) {
+  switch (dt) {
+    case DType::kF32:
+      *static_cast<float4*>(dst) = make_float4(x[0], x[1], x[2], x[3]);
+      break;
+    case DType::kBF16:
+      *static_cast<uint2*>(dst) = make_uint2(pack2(x[0], x[1], static_cast<__nv_bfloat16*>(nullptr)),
+                                             pack2(x[2], x[3], static_cast<__nv_bfloat16*>(nullptr)));
+      break;
+    default:
+      *static_cast<uint2*>(dst) =
+          make_uint2(pack2(x[0], x[1], static_cast<__half*>(nullptr)), pack2(x[2], x[3], static_cast<__half*>(nullptr)));
+      break;
+  }
 }
 
 template <typename S, bool kVec>

@@ -829,11 +829,12 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   // Two q/k heads per block (the VK kernel at 16-bit states): one conv phase, slot chain and
   // barrier set for both heads' value heads, so a block's fixed start is paid half as often. It
   // pays at a GVA group of two (Qwen3-Next; a group of one was neither timed nor tested with
-  // two heads, so it keeps one), T <= 2, where two heads per block still fill 1.75
-  // waves of three blocks per SM (Qwen3-Next from B = 87 on 132 SMs: B = 96 0.92-0.96x, B = 80
+  // two heads, so it keeps one), T <= 2, where two heads per block still fill 1.75 waves of
+  // three blocks per SM (Qwen3-Next from B = 87 on 132 SMs: B = 96 0.92-0.96x, B = 80
   // 1.02-1.04x, B = 64 1.06-1.12x, bf16 and fp16). Measured on the H200 (fused, pool, min of two
-  // runs; docs/design.md, "Two q/k heads per block"): Qwen3-Next bf16 T = 1 B = 128 72.0 -> 68.7 us, B = 256
-  // 137.9 -> 127.3, B = 512 269.9 -> 242.8; T = 2 B = 256 167.0 -> 144.7, B = 512 329.7 -> 273.4.
+  // runs; docs/design.md, "Two q/k heads per block"): Qwen3-Next bf16 T = 1 B = 128
+  // 72.0 -> 68.7 us, B = 256 137.9 -> 127.3, B = 512 269.9 -> 242.8; T = 2 B = 256
+  // 167.0 -> 144.7, B = 512 329.7 -> 273.4.
   // Lost at a group of four (Qwen3.5 1.04-1.32x from B = 64), at fp32 (1.00-1.09x) and at T = 8
   // (1.16-1.23x); mixed at T = 4 (0.92-1.04x from B = 96). KV keeps one head: its 16-bit
   // four-block kernel has no registers for two.
@@ -842,7 +843,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const bool two = two_ok && (group_hpb() == 2 || (group_hpb() == 0 && qg == 2 && p.T <= 2 &&
                                                    2 * blocks >= 7 * int64_t{kGroupBlocksPerSm} * sm_count()));
   const int hpb = two ? 2 : 1;
-  const int group = static_cast<int>(p.HV / p.H) * hpb;
+  const int group = qg * hpb;
   const int64_t grid = blocks / hpb;
   const bool norm = f.norm_weight.data != nullptr;
   const bool norm_vec = norm && fused_norm_vec_ok(f, V);
