@@ -540,11 +540,12 @@ bool plan_kv_tile_nt(const Problem& p, LaunchPlan& lp, const FusedProblem* f) {
 
 // `f`: the fused step, whose cluster holds every tile of a GVA group: where the decode's choice
 // makes the cluster too large, the narrow variant, then (fp32) tiles of 16 lanes along V.
+// wide_ok = false: the narrow variant (narrow_fused_kv_tiles).
 template <typename S, int K>
-bool plan_kv_tile_k(const Problem& p, LaunchPlan& lp, const FusedProblem* f) {
+bool plan_kv_tile_k(const Problem& p, LaunchPlan& lp, const FusedProblem* f, bool wide_ok) {
   using Narrow = KvShape<S, K, kKvTileThreads, 8>;
   using W = KvTileWide<S, K>;
-  lp.kv_wide = kv_tile_wide<S>(p.B * p.HV * ((p.V + Narrow::VT - 1) / Narrow::VT));
+  lp.kv_wide = wide_ok && kv_tile_wide<S>(p.B * p.HV * ((p.V + Narrow::VT - 1) / Narrow::VT));
   bool ok = lp.kv_wide ? plan_kv_tile_nt<S, K, W::NT, W::LV>(p, lp, f)
                        : plan_kv_tile_nt<S, K, kKvTileThreads, 8>(p, lp, f);
   if (f == nullptr) return ok;
@@ -567,14 +568,14 @@ bool plan_kv_tile_k(const Problem& p, LaunchPlan& lp, const FusedProblem* f) {
 }
 
 template <typename S>
-bool plan_kv_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = nullptr) {
+bool plan_kv_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = nullptr, bool wide_ok = true) {
   switch (p.K) {
     case 64:
-      return plan_kv_tile_k<S, 64>(p, lp, f);
+      return plan_kv_tile_k<S, 64>(p, lp, f, wide_ok);
     case 128:
-      return plan_kv_tile_k<S, 128>(p, lp, f);
+      return plan_kv_tile_k<S, 128>(p, lp, f, wide_ok);
     default:
-      return plan_kv_tile_k<S, 256>(p, lp, f);
+      return plan_kv_tile_k<S, 256>(p, lp, f, wide_ok);
   }
 }
 
@@ -801,8 +802,15 @@ int compute_capability_major() {
 // T >= 2, where the cluster form keeps its rows in an fp32 work tile, from
 // kGroupKvMinStateBytesPerSm of state per SM on any grid (Qwen3-Next bf16 T = 2 B = 8, 8 MB in
 // 128 blocks: 27.9 -> 17.1 us; B = 4, 4 MB: 13.1 -> 16.4, lost; Qwen3.5 bf16 T = 2 B = 4, 8 MB:
-// 29.0 -> 26.3). fp32 keeps the grid condition (Qwen3.5 fp32 T = 2 B = 8, 128 blocks: 31.1 -> 35.7,
-// lost), T = 1 the bytes (Qwen3-Next bf16 B = 16, 16 MB: 15.4 -> 17.8, lost; B = 32 level).
+// 29.0 -> 26.3).
+// Measured again on the H200 at 0ae1047 (both layouts and models, fp32 and bf16, pool, T = 1, 2,
+// 4, B = 1..32, GDN_CUDA_GROUP=2 against the rule, min of two runs; bench/results 2026-11-29
+// group-small-b): the group kernel, improved since, now also pays from about one block per SM
+// (B * H = 128 on 132 SMs) where the state reaches kGroupMinStateBytesPerSm per SM (Qwen3.5 fp32
+// B = 8, 34 MB: VK T = 1 23.7 -> 19.7 us, T = 2 28.0 -> 21.8, T = 4 0.95x; KV 0.80, 0.92, 1.01x),
+// and for 16-bit KV at T = 1 at any state size (Qwen3-Next bf16 B = 8 13.2 -> 11.5, B = 16 0.90x,
+// Qwen3.5 B = 8 0.97x). Below one block per SM it loses (B = 4, 64 blocks: 0.94-1.45x, but for
+// Qwen3-Next KV bf16 T = 1 0.94), as does 16-bit VK at 128 blocks (Qwen3.5 bf16 B = 8 1.07-1.17x).
 // GDN_CUDA_GROUP (group_mode) holds it off or forces it.
 // Stage buffers: three of 16 KB for 16-bit states (two: 53.0 us at bf16 B = 64, three 51.7, four
 // 57.1 at two blocks per SM instead of three), two of 32 KB for fp32 (one to four within 1% at
@@ -820,9 +828,13 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   if (conv == kConvScalar) return false;
   const int64_t blocks = p.B * p.H;
   const int64_t state_bytes = p.B * p.HV * p.V * p.K * static_cast<int64_t>(sizeof(S));
-  const bool pays = p.layout_kv && sizeof(S) < 4 && p.T >= 2
-                        ? state_bytes >= kGroupKvMinStateBytesPerSm * sm_count()
-                        : 2 * blocks >= 3 * sm_count() && (p.T >= 4 || state_bytes >= kGroupMinStateBytesPerSm * sm_count());
+  const int64_t sms = sm_count();
+  const bool kv16 = p.layout_kv && sizeof(S) < 4;
+  const bool about_one_per_sm = 8 * blocks >= 7 * sms;
+  const bool pays = kv16 && p.T >= 2 ? state_bytes >= kGroupKvMinStateBytesPerSm * sms
+                    : kv16 || state_bytes >= kGroupMinStateBytesPerSm * sms
+                        ? about_one_per_sm
+                        : 2 * blocks >= 3 * sms && p.T >= 4;
   if (mode == 1 && !pays) return false;
   const int V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / rt;
@@ -950,6 +962,21 @@ void widen_fused_tiles(const FusedProblem& f, LaunchPlan& lp) {
   }
 }
 
+// The fused KV cluster form at 16-bit states: the wide tiles (kv_tile_wide) are half as wide, so a
+// cluster holds twice the blocks (Qwen3.5: four value heads of four tiles, sixteen). Where the
+// grid has more such clusters than the device runs at once, the narrow tiles (clusters of eight)
+// instead. H200 at 0ae1047 (bench/results 2026-11-29 group-small-b): Qwen3.5 bf16 B = 2 took
+// 18.6 us at T = 1 in 32 clusters of 16, B = 4 13.5 us in 64 clusters of 8.
+template <typename S>
+void narrow_fused_kv_tiles(const FusedProblem& f, LaunchPlan& lp) {
+  const Problem& p = f.step;
+  if (!p.layout_kv || sizeof(S) != 2 || !lp.kv_wide || kv_wide_mode() == 2) return;
+  const int64_t cap = fused_cluster_capacity<S>(f, lp);
+  if (cap <= 0 || lp.blocks / lp.cluster <= cap) return;
+  LaunchPlan narrow;
+  if (plan_kv_tile<S>(p, narrow, &f, false) && narrow.cluster < lp.cluster) lp = narrow;
+}
+
 template <typename S>
 std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
@@ -965,6 +992,7 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
            std::to_string(kMaxFusedCluster) + " blocks; this shape does not fit";
   if (plan_fused_group<S>(f, lp)) return {};
   widen_fused_tiles<S>(f, lp);
+  narrow_fused_kv_tiles<S>(f, lp);
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
   lp.geo.qkv_vec = false;  // the conv loads the new inputs itself (stage_issue never runs)
