@@ -805,7 +805,7 @@ int compute_capability_major() {
 // 29.0 -> 26.3).
 // Measured again on the H200 at 0ae1047 (both layouts and models, fp32 and bf16, pool, T = 1, 2,
 // 4, B = 1..32, GDN_CUDA_GROUP=2 against the rule, min of two runs; bench/results 2026-11-29
-// group-small-b): the group kernel, improved since, now also pays from about one block per SM
+// small-b-rules): the group kernel, improved since, now also pays from about one block per SM
 // (B * H = 128 on 132 SMs) where the state reaches kGroupMinStateBytesPerSm per SM (Qwen3.5 fp32
 // B = 8, 34 MB: VK T = 1 23.7 -> 19.7 us, T = 2 28.0 -> 21.8, T = 4 0.95x; KV 0.80, 0.92, 1.01x),
 // and for 16-bit KV at T = 1 at any state size (Qwen3-Next bf16 B = 8 13.2 -> 11.5, B = 16 0.90x,
@@ -963,14 +963,17 @@ void widen_fused_tiles(const FusedProblem& f, LaunchPlan& lp) {
 }
 
 // The fused KV cluster form at 16-bit states: the wide tiles (kv_tile_wide) are half as wide, so a
-// cluster holds twice the blocks (Qwen3.5: four value heads of four tiles, sixteen). Where the
-// grid has more such clusters than the device runs at once, the narrow tiles (clusters of eight)
-// instead. H200 at 0ae1047 (bench/results 2026-11-29 group-small-b): Qwen3.5 bf16 B = 2 took
-// 18.6 us at T = 1 in 32 clusters of 16, B = 4 13.5 us in 64 clusters of 8.
+// cluster holds twice the blocks (Qwen3.5: four value heads of four tiles, sixteen, past the
+// portable eight). Where the grid has more such clusters than the device runs at once, the narrow
+// tiles instead. Measured on the H200 (fused, pool, min of two runs; bench/results 2026-11-29
+// small-b-rules): Qwen3.5 bf16 B = 2, 32 clusters of 16, T = 1 18.6 -> 12.0 us, T = 2 22.8 ->
+// 16.1, T = 4 31.4 -> 23.8; B = 1 (16 clusters, which fit) keeps the wide tiles (narrow 1.06-1.15x).
+// Clusters of eight keep them too: Qwen3-Next bf16 B = 4, 64 clusters of 8 past the capacity,
+// lost with the narrow tiles (T = 2 1.07x, T = 4 1.17x).
 template <typename S>
 void narrow_fused_kv_tiles(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
-  if (!p.layout_kv || sizeof(S) != 2 || !lp.kv_wide || kv_wide_mode() == 2) return;
+  if (!p.layout_kv || sizeof(S) != 2 || !lp.kv_wide || lp.cluster <= 8 || kv_wide_mode() == 2) return;
   const int64_t cap = fused_cluster_capacity<S>(f, lp);
   if (cap <= 0 || lp.blocks / lp.cluster <= cap) return;
   LaunchPlan narrow;
