@@ -806,11 +806,12 @@ int compute_capability_major() {
 // Measured again on the H200 at 0ae1047 (both layouts and models, fp32 and bf16, pool, T = 1, 2,
 // 4, B = 1..32, GDN_CUDA_GROUP=2 against the rule, min of two runs; bench/results 2026-11-29
 // small-b-rules): the group kernel, improved since, now also pays from about one block per SM
-// (7/8: 116 blocks on 132 SMs; measured at B * H = 128) where the state reaches kGroupMinStateBytesPerSm per SM (Qwen3.5 fp32
-// B = 8, 34 MB: VK T = 1 23.7 -> 19.7 us, T = 2 28.0 -> 21.8, T = 4 0.95x; KV 0.80, 0.92, 1.01x),
-// and for 16-bit KV at T = 1 at any state size (Qwen3-Next bf16 B = 8 13.2 -> 11.5, B = 16 0.90x,
-// Qwen3.5 B = 8 0.97x). Below one block per SM it loses (B = 4, 64 blocks: 1.09-1.88x but for
-// Qwen3-Next KV bf16 T = 1, 0.94), as does 16-bit VK at 128 blocks (Qwen3.5 bf16 B = 8 1.07-1.17x).
+// (7/8: 116 blocks on 132 SMs; measured at B * H = 128) where the state reaches
+// kGroupMinStateBytesPerSm per SM (Qwen3.5 fp32 B = 8, 34 MB: VK T = 1 23.7 -> 19.7 us, T = 2
+// 28.0 -> 21.8, T = 4 0.95x; KV 0.80, 0.92, 1.01x), and for 16-bit KV at T = 1 at any state size
+// (Qwen3-Next bf16 B = 8 13.2 -> 11.5, B = 16 0.90x, Qwen3.5 B = 8 0.97x). Below one block per SM
+// it loses (B = 4, 64 blocks: 1.09-1.88x but for Qwen3-Next KV bf16 T = 1, 0.94), as does 16-bit
+// VK at 128 blocks (Qwen3.5 bf16 B = 8 1.07-1.17x).
 // GDN_CUDA_GROUP (group_mode) holds it off or forces it.
 // Stage buffers: three of 16 KB for 16-bit states (two: 53.0 us at bf16 B = 64, three 51.7, four
 // 57.1 at two blocks per SM instead of three), two of 32 KB for fp32 (one to four within 1% at
@@ -966,7 +967,7 @@ void widen_fused_tiles(const FusedProblem& f, LaunchPlan& lp) {
 // cluster holds twice the blocks (Qwen3.5: four value heads of four tiles, sixteen, past the
 // portable eight). Where the grid has more such clusters than the device runs at once, the narrow
 // tiles instead. Measured on the H200 (fused, pool, min of two runs; bench/results 2026-11-29
-// small-b-rules): Qwen3.5 bf16 B = 2, 32 clusters of 16, T = 1 18.6 -> 12.0 us, T = 2 22.8 ->
+// small-b-rules): Qwen3.5 bf16 B = 2, 32 clusters of 16, T = 1 18.6 -> 12.1 us, T = 2 22.8 ->
 // 16.1, T = 4 31.4 -> 23.8; B = 1 (16 clusters, which fit) keeps the wide tiles (narrow 1.06-1.15x).
 // Clusters of eight keep them too: Qwen3-Next bf16 B = 4, 64 clusters of 8 past the capacity,
 // lost with the narrow tiles (T = 2 1.07x, T = 4 1.17x).
