@@ -892,10 +892,10 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
 }
 
 // How many clusters of the fused plan's kernel the current device runs at once
-// (fused_max_clusters), or 0 where it cannot say. Cached per device, kernel, cluster size and
-// shared memory: the planner runs per call (an eager caller pays its host time), the query once
-// per key. A fixed table of atomics, no allocation and no lock; two threads that miss at once
-// both ask and store the same answer.
+// (fused_max_clusters), or 0 where it cannot say. Cached per device, kernel, cluster size, shared
+// memory and block size: the planner runs per call (an eager caller pays its host time), the
+// query once per key. A fixed table of atomics, no allocation and no lock; two threads that miss
+// at once both ask and store the same answer.
 template <typename S>
 int fused_cluster_capacity(const FusedProblem& f, const LaunchPlan& lp) {
   constexpr int kSlots = 256;
@@ -911,7 +911,8 @@ int fused_cluster_capacity(const FusedProblem& f, const LaunchPlan& lp) {
   const bool sr = sizeof(S) == 2 && p.rounding_seed != nullptr;
   const uint64_t key = 1 | uint64_t(dev) << 1 | uint64_t(sizeof(S)) << 7 | uint64_t(p.layout_kv) << 10 | k_code << 11 |
                        uint64_t(lp.rows_per_thread) << 13 | uint64_t(f.norm_weight.data != nullptr) << 16 |
-                       uint64_t(sr) << 17 | uint64_t(lp.cluster) << 18 | uint64_t(lp.smem) << 24;
+                       uint64_t(sr) << 17 | uint64_t(lp.cluster) << 18 | uint64_t(lp.smem) << 24 |
+                       uint64_t(lp.threads) << 44;  // the KV tile variants differ in threads
   const int home = static_cast<int>((key * 0x9E3779B97F4A7C15ull) >> 56);  // 8 bits: kSlots
   const auto ask = [&] {
     int n = 0;
