@@ -790,7 +790,7 @@ int compute_capability_major() {
 // state through NB stage buffers (VK: kGroupRows rows; KV: the K x VT tile of VT columns, 16 KB);
 // K = 128, the conv's 16-byte layout, T <= kMaxChunk. Against the cluster form, measured on the
 // H100 for VK (Qwen3-Next and Qwen3.5, pool, T = 1, 2, 4, B = 4..256, one call per comparison;
-// docs/design.md): it needs a grid of at least
+// docs/design.md, before the kernel's later changes): it needed a grid of at least
 // 1.5 blocks per SM (B * H = 128 blocks lost everywhere but Qwen3.5 fp32 T = 2: Qwen3.5 bf16 T = 2
 // B = 8 20.8 -> 27.9 us, fp32 T = 4 B = 8 37.6 -> 40.6), and then at T <= 3 at least
 // kGroupMinStateBytesPerSm of state per SM (Qwen3-Next bf16 B = 16, 16 MB: T = 1 16.3 -> 17.8,
@@ -832,6 +832,8 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const int64_t sms = sm_count();
   const bool kv16 = p.layout_kv && sizeof(S) < 4;
   const bool about_one_per_sm = 8 * blocks >= 7 * sms;
+  // 16-bit KV at T >= 2: by its state alone; 16-bit KV at T = 1, or 240 KiB of state per SM: from
+  // about one block per SM; else from 1.5 blocks per SM at T >= 4 (the comment above).
   const bool pays = kv16 && p.T >= 2 ? state_bytes >= kGroupKvMinStateBytesPerSm * sms
                     : kv16 || state_bytes >= kGroupMinStateBytesPerSm * sms
                         ? about_one_per_sm
