@@ -876,7 +876,13 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   // 0.83-0.94x at T = 1, 2, 4 from B = 64 (Qwen3.5 T = 4 B = 64 171.1 -> 142.7 us) but Qwen3.5
   // T = 1 1.007-1.017; unchanged at B = 16 and at T = 8, where no fourth block fits
   // (bench/results 2026-11-28 kv-group-4-ab).
-  if (p.layout_kv && sizeof(S) == 2 && grid > int64_t{kGroupBlocksPerSm} * sm_count()) {
+  // With stochastic rounding at bf16 the four-block kernel spills 88-120 bytes (ptxas; fp16 16, the
+  // three-block kernels none): from two waves of three blocks per SM the three-block kernel
+  // instead (H200: 0.80-0.99x from B = 64, 1.02-1.26x at B = 32 = 1.3 waves, fp16 1.07-1.14x;
+  // bench/results 2026-11-29 sr-kv-three-blocks; the rule itself 0.79-1.00x, 13cda3c-rounding-ab).
+  const bool sr_bf16 = std::is_same_v<S, __nv_bfloat16> && p.rounding_seed != nullptr;
+  if (p.layout_kv && sizeof(S) == 2 && grid > int64_t{kGroupBlocksPerSm} * sm_count() &&
+      !(sr_bf16 && grid >= 2 * int64_t{kGroupBlocksPerSm} * sm_count())) {
     const int nb4 = group_buffers(grid, nb0, layout, kGroupKvBlocksPerSm);
     const GroupSmem l4 = layout(nb4);
     if (group_blocks_per_sm(l4.total, kGroupKvBlocksPerSm) >= kGroupKvBlocksPerSm) nb = nb4, cap = kGroupKvBlocksPerSm;
