@@ -853,10 +853,18 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   // Lost at a group of four (Qwen3.5 1.04-1.32x from B = 64), at fp32 (1.00-1.09x) and at T = 8
   // (1.16-1.23x); mixed at T = 4 (0.92-1.04x from B = 96). KV keeps one head: its 16-bit
   // four-block kernel has no registers for two.
+  // Also where two heads per block fit the grid into one wave of three blocks per SM and one
+  // head does not (Qwen3-Next B = 25..49 on 132 SMs): one head leaves a second, partial wave.
+  // H200, fused VK, pool, min of two runs, one head -> two (bench/results 2026-11-29
+  // hpb-one-wave): bf16 T = 1 B = 32 25.5 -> 20.2 us, B = 48 30.8 -> 29.5; T = 2 B = 32
+  // 32.2 -> 24.8, B = 48 37.0 -> 32.3; fp16 alike; B = 44 T = 1 0.99x. Past one wave of
+  // two-head blocks (B = 52..65) two heads were level or lost at T = 1 (0.99-1.08x) and won at
+  // T = 2 B = 52 and 56 (0.91-0.94x), left out of the rule.
   const int qg = static_cast<int>(p.HV / p.H);
+  const int64_t wave = int64_t{kGroupBlocksPerSm} * sm_count();
   const bool two_ok = !p.layout_kv && sizeof(S) == 2 && p.H % 2 == 0 && 2 * qg * T <= kGroupThreads;
-  const bool two = two_ok && (group_hpb() == 2 || (group_hpb() == 0 && qg == 2 && p.T <= 2 &&
-                                                   2 * blocks >= 7 * int64_t{kGroupBlocksPerSm} * sm_count()));
+  const bool two_pays = qg == 2 && p.T <= 2 && (2 * blocks >= 7 * wave || (blocks > wave && blocks <= 2 * wave));
+  const bool two = two_ok && (group_hpb() == 2 || (group_hpb() == 0 && two_pays));
   const int hpb = two ? 2 : 1;
   const int group = qg * hpb;
   const int64_t grid = blocks / hpb;
