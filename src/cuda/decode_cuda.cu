@@ -812,11 +812,18 @@ int compute_capability_major() {
 // (Qwen3-Next bf16 B = 8 13.2 -> 11.5, B = 16 0.90x, Qwen3.5 B = 8 0.97x). Below one block per SM
 // it loses (B = 4, 64 blocks: 1.09-1.88x but for Qwen3-Next KV bf16 T = 1, 0.94), as does 16-bit
 // VK at 128 blocks (Qwen3.5 bf16 B = 8 1.07-1.17x).
+// From 150 KiB per SM since 2026-11-29 (was 240; H200, fused, pool, both layouts and models, fp32
+// and bf16, T = 1, 2, 4, B = 4..30 in steps of 2, the new rule against GDN_CUDA_GROUP=0 and 2 in
+// one call, min of two runs; bench/results 2026-11-29 group-150k): of the 36 cells it moved, 33
+// took 0.68-0.98x the time (Qwen3-Next bf16 VK T = 1 B = 24 23.2 -> 17.2 us, fp32 VK T = 2 B = 12
+// 26.9 -> 18.2, Qwen3.5 bf16 VK T = 1 B = 12 23.9 -> 18.5, Qwen3-Next fp32 KV T = 1 B = 10
+// 21.2 -> 16.3), past the cluster form's step where its grid passes one wave of clusters; three
+// took 1.04-1.05x (Qwen3-Next fp32 VK T = 1 B = 10 and 12, T = 4 B = 10).
 // GDN_CUDA_GROUP (group_mode) holds it off or forces it.
 // Stage buffers: three of 16 KB for 16-bit states (two: 53.0 us at bf16 B = 64, three 51.7, four
 // 57.1 at two blocks per SM instead of three), two of 32 KB for fp32 (one to four within 1% at
 // Qwen3-Next, three and four 4-5% slower at Qwen3.5 B = 64); KV: three of 16 KB at every dtype.
-constexpr int64_t kGroupMinStateBytesPerSm = 240 * 1024;
+constexpr int64_t kGroupMinStateBytesPerSm = 150 * 1024;
 constexpr int64_t kGroupKvMinStateBytesPerSm = 48 * 1024;
 
 template <typename S>
@@ -832,7 +839,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const int64_t sms = sm_count();
   const bool kv16 = p.layout_kv && sizeof(S) < 4;
   const bool about_one_per_sm = 8 * blocks >= 7 * sms;
-  // 16-bit KV at T >= 2: by its state alone; 16-bit KV at T = 1, or 240 KiB of state per SM: from
+  // 16-bit KV at T >= 2: by its state alone; 16-bit KV at T = 1, or 150 KiB of state per SM: from
   // about one block per SM; else from 1.5 blocks per SM at T >= 4 (the comment above).
   const bool pays = kv16 && p.T >= 2 ? state_bytes >= kGroupKvMinStateBytesPerSm * sms
                     : kv16 || state_bytes >= kGroupMinStateBytesPerSm * sms
