@@ -285,7 +285,9 @@ TEST_P(Fused, SiluFarOutsideTheExponentialsRange) {
 // Serving batches of the engines' layouts (K = 128, the conv's 16-byte path): B = 34 rows of
 // Qwen3-Next hold 35.7 MB of bf16 state, so on CUDA the group kernel (group.cuh: one block
 // per row and q/k head, the GVA group's state streamed through stage buffers) runs wherever the
-// GPU has at most 145 SMs (plan_fused_group: 240 KiB of state per SM). Every state dtype,
+// GPU has at most 232 SMs (plan_fused_group: 150 KiB of state per SM). On 132 SMs its 16-bit VK
+// cases at T <= 2 take two q/k heads per block (544 blocks of one head are past one wave); the
+// B = 20 case keeps one. Every state dtype,
 // T = 1..3, each addressing family, the cache, stochastic rounding, the norm with and without its
 // gate and without it, GVA groups of 2 and 4; VK and KV each. (ctest's group_forced.* copy runs
 // the other fused tests with the group kernel forced wherever it applies.)
