@@ -817,8 +817,9 @@ int compute_capability_major() {
 // one call, min of two runs; bench/results 2026-11-29 group-150k): of the 36 cells it moved, 33
 // took 0.68-0.98x the time (Qwen3-Next bf16 VK T = 1 B = 24 23.2 -> 17.2 us, fp32 VK T = 2 B = 12
 // 26.9 -> 18.2, Qwen3.5 bf16 VK T = 1 B = 12 23.9 -> 18.5, Qwen3-Next fp32 KV T = 1 B = 10
-// 21.2 -> 16.3), past the cluster form's step where its grid passes one wave of clusters; three
-// took 1.04-1.05x (Qwen3-Next fp32 VK T = 1 B = 10 and 12, T = 4 B = 10).
+// 21.2 -> 16.3), past a step in the cluster form's time (likely where its grid passes one wave of
+// clusters; not measured); three took 1.04-1.05x (Qwen3-Next fp32 VK T = 1 B = 10 and 12, T = 4
+// B = 10).
 // GDN_CUDA_GROUP (group_mode) holds it off or forces it.
 // Stage buffers: three of 16 KB for 16-bit states (two: 53.0 us at bf16 B = 64, three 51.7, four
 // 57.1 at two blocks per SM instead of three), two of 32 KB for fp32 (one to four within 1% at
