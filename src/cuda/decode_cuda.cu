@@ -869,7 +869,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   // two-head blocks (B = 52..65) two heads were level or lost at T = 1 (0.99-1.08x) and won at
   // T = 2 B = 52 and 56 (0.91-0.94x), left out of the rule.
   const int qg = static_cast<int>(p.HV / p.H);
-  const int64_t wave = int64_t{kGroupBlocksPerSm} * sm_count();
+  const int64_t wave = int64_t{kGroupBlocksPerSm} * sms;  // blocks of one wave at three per SM
   const bool two_ok = !p.layout_kv && sizeof(S) == 2 && p.H % 2 == 0 && 2 * qg * T <= kGroupThreads;
   const bool two_pays = qg == 2 && p.T <= 2 && (2 * blocks >= 7 * wave || (blocks > wave && blocks <= 2 * wave));
   const bool two = two_ok && (group_hpb() == 2 || (group_hpb() == 0 && two_pays));
@@ -897,8 +897,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   // instead (H200: 0.80-0.99x from B = 64, 1.02-1.26x at B = 32 = 1.3 waves, fp16 1.07-1.14x;
   // bench/results 2026-11-29 sr-kv-three-blocks; the rule itself 0.79-1.00x, 13cda3c-rounding-ab).
   const bool sr_bf16 = std::is_same_v<S, __nv_bfloat16> && p.rounding_seed != nullptr;
-  if (p.layout_kv && sizeof(S) == 2 && grid > int64_t{kGroupBlocksPerSm} * sm_count() &&
-      !(sr_bf16 && grid >= 2 * int64_t{kGroupBlocksPerSm} * sm_count())) {
+  if (p.layout_kv && sizeof(S) == 2 && grid > wave && !(sr_bf16 && grid >= 2 * wave)) {
     const int nb4 = group_buffers(grid, nb0, layout, kGroupKvBlocksPerSm);
     const GroupSmem l4 = layout(nb4);
     if (group_blocks_per_sm(l4.total, kGroupKvBlocksPerSm) >= kGroupKvBlocksPerSm) nb = nb4, cap = kGroupKvBlocksPerSm;
