@@ -2,6 +2,8 @@
 // and never fails on its arguments; only the CUDA launch can report an error.
 #pragma once
 
+#include <string>
+
 #include "gdn/gdn.h"
 #include "problem.h"
 
@@ -26,6 +28,14 @@ Status fused_decode_cuda(const FusedProblem& p, void* stream);
 // kNotSupported, e.g. in a CPU-only build, or a GVA group too large for one thread-block
 // cluster); can_implement and fused_decode both ask it.
 Status fused_cuda_status(const FusedProblem& p);
+
+// For the tools (gdn bench): the launch the CUDA backend makes for this valid problem, as one
+// line of text (kernel family, grid, block, shared memory and the family's shape fields, e.g.
+// "group blocks=512 threads=128 smem=64512 hpb=2 buffers=3 tiles=2 tile_rows=64 pdl"); empty
+// where the CUDA backend cannot run it or this build has none. Read from the same planner as the
+// launch, on the problem's device. Informational: the text is not a stable interface.
+std::string describe_cuda_plan(const Problem& p);
+std::string describe_fused_cuda_plan(const FusedProblem& p);
 
 
 }  // namespace gdn::detail

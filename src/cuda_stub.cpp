@@ -12,6 +12,8 @@ Status cuda_backend_status() {
 Status decode_cuda(const Problem&, void*) { return cuda_backend_status(); }
 Status fused_cuda_status(const FusedProblem&) { return cuda_backend_status(); }
 Status fused_decode_cuda(const FusedProblem&, void*) { return cuda_backend_status(); }
+std::string describe_cuda_plan(const Problem&) { return {}; }
+std::string describe_fused_cuda_plan(const FusedProblem&) { return {}; }
 
 }  // namespace gdn::detail
 

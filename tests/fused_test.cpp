@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "backends.h"
+#include "check.h"
 #include "covering.h"
 #include "harness.h"
 
@@ -568,6 +570,57 @@ TEST(CudaFused, UnalignedStateIsNotSupported) {
   EXPECT_EQ(checked.message(), s.message());
   EXPECT_TRUE(same_bits(before, got));
   run_and_compare(Backend::kCpu, before);
+}
+
+// The planner's description (src/backends.h, for gdn bench's rows) names the kernel that runs,
+// and its fields agree with the plan's own arithmetic. (The serving batches check these plans'
+// results against the oracle.)
+TEST(CudaFused, PlanDescriptionNamesTheKernel) {
+  if (std::string why = backend_unavailable(Backend::kCuda); !why.empty()) GTEST_SKIP() << why;
+  const uint64_t seed = test_seed();
+  const auto field = [](const std::string& s, const std::string& name) {
+    const size_t at = s.find(" " + name + "=");
+    return at == std::string::npos ? int64_t{-1} : std::stoll(s.substr(at + name.size() + 2));
+  };
+  for (const int64_t B : {int64_t{1}, int64_t{34}}) {
+    SCOPED_TRACE("B = " + std::to_string(B));
+    Config cfg = base(Addressing::kPool, B, 1);
+    cfg.qwen3_next_heads();
+    cfg.state_dtype = kBFloat16;
+    cfg.conv_inter = false;
+    const Case before = make_case(cfg, seed);
+    Case got = before.clone();
+    std::string fused, step;
+    const Status st = run_fused(Backend::kCuda, got, [&](FusedDecodeArgs& a) {
+      detail::FusedProblem f;
+      if (detail::build_fused_problem(a, &f).ok()) fused = detail::describe_fused_cuda_plan(f);
+    });
+    ASSERT_TRUE(st.ok()) << st.message();
+    // decode's plan for the same recurrence (the same shapes without the conv and the norm).
+    Config dcfg = cfg;
+    dcfg.fused = false;
+    Case dgot = make_case(dcfg, seed);
+    const Status ds = run_decode(Backend::kCuda, dgot, [&](DecodeArgs& a) {
+      detail::Problem p;
+      if (detail::build_problem(a, &p).ok()) step = detail::describe_cuda_plan(p);
+    });
+    ASSERT_TRUE(ds.ok()) << ds.message();
+    ASSERT_FALSE(fused.empty());
+    EXPECT_EQ(step.rfind("vk", 0), 0u) << step;  // a VK kernel family
+    EXPECT_GT(field(step, "blocks"), 0) << step;
+    if (B == 1) {
+      // The cluster form: one block per value head of the GVA group (two), one cluster per q/k head.
+      EXPECT_EQ(fused.rfind("vk-tile", 0), 0u) << fused;
+      EXPECT_EQ(field(fused, "cluster"), 2) << fused;
+    } else {
+      // 35.7 MB of state: the group kernel on any GPU of at most 232 SMs, with one or two q/k heads
+      // per block by the grid's waves.
+      EXPECT_EQ(fused.rfind("group ", 0), 0u) << fused;
+      const int64_t hpb = field(fused, "hpb");
+      EXPECT_TRUE(hpb == 1 || hpb == 2) << fused;
+      EXPECT_EQ(field(fused, "blocks"), B * cfg.H / hpb) << fused;
+    }
+  }
 }
 #endif
 

@@ -29,7 +29,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "backends.h"
 #include "bench.h"
+#include "check.h"
 #include "gdn/gdn.h"
 
 #ifndef GDN_GIT_COMMIT
@@ -160,6 +162,7 @@ struct Result {
   Config c;
   double us = 0, floor_us = 0, tbs = 0;
   double copy_us = -1;  // the same-bytes copy kernel (--copy-kernel; < 0: not measured)
+  std::string plan;     // the launch the CUDA backend made (gdn::detail::describe_*_cuda_plan)
 };
 
 // The tensors of one configuration: shared inputs plus N state sets (decode), or the same as
@@ -321,6 +324,18 @@ gdn::Status run_op(const Setup& su, int64_t i, cudaStream_t s) {
   return su.fsets.empty() ? gdn::decode(su.sets[i], s) : gdn::fused_decode(su.fsets[i], s);
 }
 
+// Which kernel the call takes, from the planner itself (an in-tree tool may ask the library's
+// internals: src/backends.h), so that a sweep's rows say what ran.
+std::string plan_of(const Setup& su) {
+  if (su.fsets.empty()) {
+    gdn::detail::Problem p;
+    return gdn::detail::build_problem(su.sets[0], &p).ok() ? gdn::detail::describe_cuda_plan(p) : std::string();
+  }
+  gdn::detail::FusedProblem f;
+  return gdn::detail::build_fused_problem(su.fsets[0], &f).ok() ? gdn::detail::describe_fused_cuda_plan(f)
+                                                               : std::string();
+}
+
 // Median per-call time of `calls` launches (launch(i) enqueues call i) captured into one
 // CUDA graph and replayed opt.reps times after a warm-up replay.
 template <typename Launch>
@@ -430,6 +445,7 @@ Result run_config(const Config& c, const Device& dev, Arena& arena, const Option
   const gdn::Status st = run_op(su, 0, s);
   if (!st.ok()) throw std::runtime_error(std::string(what) + ": " + st.message());
   GDN_BENCH_CHECK(cudaStreamSynchronize(s));
+  r.plan = plan_of(su);
 
   const int64_t calls = std::max<int64_t>(N, r.floor_us > 2000 ? 3 : opt.calls);
   r.us = time_graph(s, calls, opt.reps, [&](int64_t i) {
@@ -622,7 +638,8 @@ int bench_main(const Options& opt) {
                       {"rounding", c.sr ? "stochastic" : "nearest"},
                       {"us", r.us},
                       {"TBs", r.tbs},
-                      {"floor_us", r.floor_us}});
+                      {"floor_us", r.floor_us},
+                      {"plan", r.plan}});
       if (c.fused) {
         rows.back()["norm"] = opt.fused_norm;
         rows.back()["conv_layout"] = opt.conv_layout;

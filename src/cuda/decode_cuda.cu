@@ -728,7 +728,7 @@ LaunchPlan plan_kv(const Problem& p, bool vec) {
 }
 
 template <typename S>
-cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
+LaunchPlan plan_typed(const Problem& p) {
   const int64_t ve = kVecElems<S>;
   const bool vec = vec_ok(p.state, 3, ve) && vec_ok(p.inter, 4, ve);
   LaunchPlan plan;
@@ -742,7 +742,34 @@ cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
   // kernel runs, i.e. one wave of small blocks; at large B it only adds instructions (measured:
   // -1 us at B=1, +1..4% at B >= 64; docs/design.md).
   plan.geo.prefetch = prefetch_enabled() && one_wave(plan.blocks);
+  return plan;
+}
+
+template <typename S>
+cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
+  const LaunchPlan plan = plan_typed<S>(p);
   return p.layout_kv ? launch_kv<S>(p, plan, stream) : launch_vk<S>(p, plan, stream);
+}
+
+// describe_cuda_plan's text: the kernel family, then the launch and the family's fields.
+std::string describe(const LaunchPlan& lp, bool kv) {
+  std::string s = lp.group     ? std::string(lp.group4 ? "group4" : "group")
+                  : lp.chunked ? std::string(kv ? "kv-chunk" : "vk-chunk")
+                  : lp.tile    ? std::string(kv ? (lp.kv_wide ? "kv-tile-wide" : "kv-tile")
+                                                : (lp.direct ? "vk-tile-direct" : "vk-tile"))
+                               : std::string(kv ? "kv" : "vk");
+  const auto add = [&](const char* name, int64_t v) { s += std::string(" ") + name + "=" + std::to_string(v); };
+  add("blocks", lp.blocks);
+  add("threads", lp.threads);
+  add("smem", static_cast<int64_t>(lp.smem));
+  if (lp.cluster > 1) add("cluster", lp.cluster);
+  if (lp.group) add("hpb", lp.geo.hpb), add("buffers", lp.geo.buffers);
+  add("tiles", lp.geo.tiles);
+  if (lp.tile) add("tile_rows", lp.geo.tile_rows), add("chunk", lp.geo.chunk);
+  add("rows_per_thread", lp.rows_per_thread);
+  if (lp.pdl) s += " pdl";
+  if (lp.geo.prefetch) s += " prefetch";
+  return s;
 }
 
 // Checking mode: each row n counts once if a slot it writes is also written by another row.
@@ -1120,6 +1147,28 @@ Status fused_decode_cuda(const FusedProblem& f, void* stream_ptr) {
   }
   if (err == cudaSuccess) err = launch_duplicate_count(f.step, stream);
   return launch_status(err, "fused decode");
+}
+
+std::string describe_cuda_plan(const Problem& p) {
+  using namespace cuda;
+  const DeviceGuard guard(p.device_id);
+  if (!guard.status().ok()) return {};
+  switch (p.state.dtype) {
+    case DType::kF32:
+      return describe(plan_typed<float>(p), p.layout_kv);
+    case DType::kBF16:
+      return describe(plan_typed<__nv_bfloat16>(p), p.layout_kv);
+    default:
+      return describe(plan_typed<__half>(p), p.layout_kv);
+  }
+}
+
+std::string describe_fused_cuda_plan(const FusedProblem& f) {
+  using namespace cuda;
+  const DeviceGuard guard(f.step.device_id);
+  if (!guard.status().ok()) return {};
+  LaunchPlan lp;
+  return plan_fused(f, lp).empty() ? describe(lp, f.step.layout_kv) : std::string();
 }
 
 Status decode_cuda(const Problem& p, void* stream_ptr) {
