@@ -1059,18 +1059,29 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   return {};
 }
 
+// fn(StateType<S>{}) with S the state's element type: fp32, bf16 or fp16 (validated before).
+template <typename S>
+struct StateType {
+  using type = S;
+};
+template <typename Fn>
+auto with_state_type(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      return fn(StateType<float>{});
+    case DType::kBF16:
+      return fn(StateType<__nv_bfloat16>{});
+    default:
+      return fn(StateType<__half>{});
+  }
+}
+
 std::string plan_fused(const FusedProblem& f, LaunchPlan& lp) {
   if (compute_capability_major() < 9)
     return "fused_decode on CUDA needs thread-block clusters (sm_90 or newer), device has compute capability " +
            std::to_string(compute_capability_major()) + ".x";
-  switch (f.step.state.dtype) {
-    case DType::kF32:
-      return plan_fused_typed<float>(f, lp);
-    case DType::kBF16:
-      return plan_fused_typed<__nv_bfloat16>(f, lp);
-    default:
-      return plan_fused_typed<__half>(f, lp);
-  }
+  return with_state_type(f.step.state.dtype,
+                         [&](auto s) { return plan_fused_typed<typename decltype(s)::type>(f, lp); });
 }
 
 }  // namespace
@@ -1132,19 +1143,10 @@ Status fused_decode_cuda(const FusedProblem& f, void* stream_ptr) {
   if (Status s = guard.status(); !s.ok()) return s;
   LaunchPlan lp;
   if (const std::string why = plan_fused(f, lp); !why.empty()) return Status(StatusCode::kNotSupported, why);
-  cudaError_t err;
-  switch (f.step.state.dtype) {
-    case DType::kF32:
-      err = f.step.layout_kv ? launch_fused<float, true>(f, lp, stream) : launch_fused<float, false>(f, lp, stream);
-      break;
-    case DType::kBF16:
-      err = f.step.layout_kv ? launch_fused<__nv_bfloat16, true>(f, lp, stream)
-                             : launch_fused<__nv_bfloat16, false>(f, lp, stream);
-      break;
-    default:
-      err = f.step.layout_kv ? launch_fused<__half, true>(f, lp, stream) : launch_fused<__half, false>(f, lp, stream);
-      break;
-  }
+  cudaError_t err = with_state_type(f.step.state.dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    return f.step.layout_kv ? launch_fused<S, true>(f, lp, stream) : launch_fused<S, false>(f, lp, stream);
+  });
   if (err == cudaSuccess) err = launch_duplicate_count(f.step, stream);
   return launch_status(err, "fused decode");
 }
@@ -1153,14 +1155,8 @@ std::string describe_cuda_plan(const Problem& p) {
   using namespace cuda;
   const DeviceGuard guard(p.device_id);
   if (!guard.status().ok()) return {};
-  switch (p.state.dtype) {
-    case DType::kF32:
-      return describe(plan_typed<float>(p), p.layout_kv);
-    case DType::kBF16:
-      return describe(plan_typed<__nv_bfloat16>(p), p.layout_kv);
-    default:
-      return describe(plan_typed<__half>(p), p.layout_kv);
-  }
+  return with_state_type(p.state.dtype,
+                         [&](auto s) { return describe(plan_typed<typename decltype(s)::type>(p), p.layout_kv); });
 }
 
 std::string describe_fused_cuda_plan(const FusedProblem& f) {
@@ -1176,18 +1172,8 @@ Status decode_cuda(const Problem& p, void* stream_ptr) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const DeviceGuard guard(p.device_id);
   if (Status s = guard.status(); !s.ok()) return s;
-  cudaError_t err;
-  switch (p.state.dtype) {
-    case DType::kF32:
-      err = launch_typed<float>(p, stream);
-      break;
-    case DType::kBF16:
-      err = launch_typed<__nv_bfloat16>(p, stream);
-      break;
-    default:
-      err = launch_typed<__half>(p, stream);
-      break;
-  }
+  cudaError_t err = with_state_type(p.state.dtype,
+                                    [&](auto s) { return launch_typed<typename decltype(s)::type>(p, stream); });
   if (err == cudaSuccess) err = launch_duplicate_count(p, stream);
   return launch_status(err, "decode");
 }
