@@ -20,7 +20,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "
 
 if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench || has groupbench; then
   t0=$SECONDS
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  # GDN_BUILD_TESTS=ON stated: a warm machine may keep a build folder configured without them.
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DGDN_BUILD_TESTS=ON \
     -DGDN_GIT_COMMIT="${COMMIT:-unknown}" > "$OUT/build.log" 2>&1 &&
     cmake --build $B -j16 >> "$OUT/build.log" 2>&1
   rc=$?; note "build rc=$rc ($((SECONDS - t0)) s)"
