@@ -525,12 +525,6 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   // KV: the tile's columns row0.. of every row k (p.state.s[2] is then the k stride).
   const S* head_src = static_cast<const S*>(p.state.data) + hv * p.state.s[1] + (kKv ? row0 : row0 * p.state.s[2]);
   int64_t ss0 = p.state.s[0], ss2 = p.state.s[2];
-  // Where the tile's rows are contiguous and inside the head, one bulk copy loads it (the smem
-  // tile is unswizzled outside the chunked kernel): measured 0.85-0.99x the time of the 16-byte
-  // cp.async loop at VK T = 1, 2 from B = 1 to 64 on the H200, decode and fused (docs/design.md).
-  __shared__ alignas(8) uint64_t bulk_bar;
-  const bool bulk = !kKv && !kChunked && ss2 == K && row0 + RT <= p.V;
-  if (bulk && tid == 0) mbar_init(&bulk_bar);
   asm volatile("" : "+l"(head_src), "+l"(ss0), "+l"(ss2));
   pdl_wait();
   pdl_launch_dependents();
@@ -570,10 +564,6 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
       }
     }
     cp_async_commit();
-  } else if (bulk) {
-    if (tid == 0)
-      bulk_load(tile_s, head_src + slots.read * ss0, static_cast<unsigned>(RT * K * sizeof(S)), &bulk_bar);
-    cp_async_commit();  // an empty group: the callers' group counts stay as they are
   } else {
     const S* src = head_src + slots.read * ss0;
     for (int i = tid; i < RT * PR; i += kVkThreads) {
@@ -599,7 +589,6 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     while_state_lands();
   }
   cp_async_wait_group<0>();
-  if (bulk && tid == 0) mbar_wait(&bulk_bar, 0);
   __syncthreads();  // (converted) inputs, gates and the state tile visible to every thread
   return true;
 }
