@@ -442,7 +442,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   }
   for (; !chunked;) {
     const size_t smem = static_cast<size_t>(rt) * row_bytes + stage_all_tokens(p, rt, lp, f != nullptr) +
-                        fused_extra_bytes(f, rt, V / rt);
+                        fused_extra_bytes(f, rt, V / rt) + 16;  // + the bulk load's mbarrier (vk_tile_begin)
     if (f != nullptr) {
       // The fused step: a cluster of every tile of the group, up to 16 blocks of at most
       // kBigClusterSmemMax each beyond the portable 8; else wider tiles (never narrower).

@@ -525,6 +525,17 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   // KV: the tile's columns row0.. of every row k (p.state.s[2] is then the k stride).
   const S* head_src = static_cast<const S*>(p.state.data) + hv * p.state.s[1] + (kKv ? row0 : row0 * p.state.s[2]);
   int64_t ss0 = p.state.s[0], ss2 = p.state.s[2];
+  // Where the tile's rows are contiguous and inside the head, one bulk copy by the TMA unit loads
+  // it (the smem tile is unswizzled outside the chunked kernel). Same-binary A/B on the H200
+  // against the 16-byte cp.async loop (decode VK, pool, T = 1..8, B = 1..256): 0.93-1.02x, most
+  // at B = 1..64 and T = 2 (docs/design.md, "Loads by the TMA unit"). The mbarrier lives in the
+  // 16 bytes the planner adds at the end of the dynamic shared memory: a static __shared__
+  // variable instead moved the dynamic area and made the whole kernel ~4% slower.
+  unsigned dyn_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
+  uint64_t* const bulk_bar = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(tile_s) + ((dyn_bytes - 8) & ~7u));
+  const bool bulk = !kKv && !kChunked && ss2 == K && row0 + RT <= p.V;
+  if (bulk && tid == 0) mbar_init(bulk_bar);
   asm volatile("" : "+l"(head_src), "+l"(ss0), "+l"(ss2));
   pdl_wait();
   pdl_launch_dependents();
@@ -564,6 +575,10 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
       }
     }
     cp_async_commit();
+  } else if (bulk) {
+    if (tid == 0)
+      bulk_load(tile_s, head_src + slots.read * ss0, static_cast<unsigned>(RT * K * sizeof(S)), bulk_bar);
+    cp_async_commit();  // an empty group: the callers' group counts stay as they are
   } else {
     const S* src = head_src + slots.read * ss0;
     for (int i = tid; i < RT * PR; i += kVkThreads) {
@@ -589,6 +604,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     while_state_lands();
   }
   cp_async_wait_group<0>();
+  if (bulk && tid == 0) mbar_wait(bulk_bar, 0);
   __syncthreads();  // (converted) inputs, gates and the state tile visible to every thread
   return true;
 }
