@@ -854,8 +854,10 @@ int compute_capability_major() {
 constexpr int64_t kGroupMinStateBytesPerSm = 150 * 1024;
 constexpr int64_t kGroupKvMinStateBytesPerSm = 48 * 1024;
 
+// past_wave: the caller found the cluster form's grid past the clusters the device runs at once
+// (plan_fused_typed); the group kernel then pays whatever the rules below say.
 template <typename S>
-bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
+bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp, bool past_wave = false) {
   const Problem& p = f.step;
   const int mode = group_mode();
   const int rt = p.layout_kv ? GroupKvShape<S, 128>::VT : kGroupRows;  // stage rows (KV: columns)
@@ -869,10 +871,10 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp) {
   const bool about_one_per_sm = 8 * blocks >= 7 * sms;
   // 16-bit KV at T >= 2: by its state alone; 16-bit KV at T = 1, or 150 KiB of state per SM: from
   // about one block per SM; else from 1.5 blocks per SM at T >= 4 (the comment above).
-  const bool pays = kv16 && p.T >= 2 ? state_bytes >= kGroupKvMinStateBytesPerSm * sms
-                    : kv16 || state_bytes >= kGroupMinStateBytesPerSm * sms
-                        ? about_one_per_sm
-                        : 2 * blocks >= 3 * sms && p.T >= 4;
+  const bool pays = past_wave || (kv16 && p.T >= 2 ? state_bytes >= kGroupKvMinStateBytesPerSm * sms
+                                  : kv16 || state_bytes >= kGroupMinStateBytesPerSm * sms
+                                      ? about_one_per_sm
+                                      : 2 * blocks >= 3 * sms && p.T >= 4);
   if (mode == 1 && !pays) return false;
   const int V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / rt;
@@ -1032,6 +1034,25 @@ void narrow_fused_kv_tiles(const FusedProblem& f, LaunchPlan& lp) {
   if (plan_kv_tile<S>(p, narrow, &f, false) && narrow.cluster < lp.cluster) lp = narrow;
 }
 
+// The group kernel where the cluster form's grid (as widened or narrowed above) has more clusters
+// than the device runs at once and the group kernel's grid fits one wave of three blocks per SM.
+// Past its capacity the cluster form's time steps up by about a whole wave (every cluster's
+// blocks start together), while the group kernel's blocks start one by one. Measured on the H200
+// (fused, dense, B = 2..16, T = 1 and 2; docs/design.md "Dense rows at small B"): Qwen3-Next KV
+// bf16 B = 4 T = 1 16.0 -> 11.4 us (64 clusters of eight), Qwen3.5 VK bf16 B = 8 T = 1
+// 22.7 -> 15.7, Qwen3-Next KV fp32 B = 8 T = 1 22.2 -> 14.8.
+template <typename S>
+bool group_past_cluster_wave(const FusedProblem& f, LaunchPlan& lp) {
+  const Problem& p = f.step;
+  if (group_mode() != 1 || lp.cluster <= 1 || p.B * p.H > int64_t{kGroupBlocksPerSm} * sm_count()) return false;
+  const int64_t cap = fused_cluster_capacity<S>(f, lp);
+  if (cap <= 0 || lp.blocks / lp.cluster <= cap) return false;
+  LaunchPlan group = lp;
+  if (!plan_fused_group<S>(f, group, true)) return false;
+  lp = group;
+  return true;
+}
+
 template <typename S>
 std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
@@ -1048,6 +1069,7 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   if (plan_fused_group<S>(f, lp)) return {};
   widen_fused_tiles<S>(f, lp);
   narrow_fused_kv_tiles<S>(f, lp);
+  if (group_past_cluster_wave<S>(f, lp)) return {};
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
   lp.geo.qkv_vec = false;  // the conv loads the new inputs itself (stage_issue never runs)
