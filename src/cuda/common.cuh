@@ -833,6 +833,8 @@ struct LaunchPlan {
   bool group = false;       // the group kernel (group.cuh): the fused step's instead of a cluster,
                             // decode's KV instead of a tile kernel
   bool group4 = false;      // the group kernel's instantiation for four blocks per SM (16-bit KV)
+  int cluster_cap = 0;      // fused step: clusters the device runs at once of the cluster form the
+                            // planner weighed (0: not asked); reported by describe_cuda_plan
   Geometry geo;
 };
 

@@ -763,6 +763,7 @@ std::string describe(const LaunchPlan& lp, bool kv) {
   add("threads", lp.threads);
   add("smem", static_cast<int64_t>(lp.smem));
   if (lp.cluster > 1) add("cluster", lp.cluster);
+  if (lp.cluster_cap > 0) add("cluster_cap", lp.cluster_cap);
   if (lp.group) add("hpb", lp.geo.hpb), add("buffers", lp.geo.buffers);
   add("tiles", lp.geo.tiles);
   if (lp.tile) add("tile_rows", lp.geo.tile_rows), add("chunk", lp.geo.chunk);
@@ -853,6 +854,7 @@ int compute_capability_major() {
 // Qwen3-Next, three and four 4-5% slower at Qwen3.5 B = 64); KV: three of 16 KB at every dtype.
 constexpr int64_t kGroupMinStateBytesPerSm = 150 * 1024;
 constexpr int64_t kGroupKvMinStateBytesPerSm = 48 * 1024;
+constexpr int64_t kGroupLightBlockBytes = 64 * 1024;  // group_past_cluster_wave
 
 // past_wave: the caller found the cluster form's grid past the clusters the device runs at once
 // (plan_fused_typed); the group kernel then pays whatever the rules below say.
@@ -1035,18 +1037,26 @@ void narrow_fused_kv_tiles(const FusedProblem& f, LaunchPlan& lp) {
 }
 
 // The group kernel where the cluster form's grid (as widened or narrowed above) has more clusters
-// than the device runs at once and the group kernel's grid fits one wave of three blocks per SM.
-// Past its capacity the cluster form's time steps up by about a whole wave (every cluster's
-// blocks start together), while the group kernel's blocks start one by one. Measured on the H200
-// (fused, dense, B = 2..16, T = 1 and 2; docs/design.md "Dense rows at small B"): Qwen3-Next KV
-// bf16 B = 4 T = 1 16.0 -> 11.4 us (64 clusters of eight), Qwen3.5 VK bf16 B = 8 T = 1
-// 22.7 -> 15.7, Qwen3-Next KV fp32 B = 8 T = 1 22.2 -> 14.8.
+// than the device runs at once, and the group kernel either has light blocks (a GVA group's state
+// of at most 64 KiB) or about one block per SM. Past its capacity the cluster form's time steps
+// up by about a whole wave, while the group kernel's blocks start one by one; but a few heavy
+// group blocks (Qwen3.5 fp32: four heads, 256 KiB) take longer than that second wave.
+// The planner cannot see how many rows are padding: a grid of padding rows' clusters exits at
+// once, so the cluster form passes its capacity later than its grid says. The rule takes the
+// full batch's side: measured on the H200 (fused, B = 1..32, T = 1, 2, 4, min of two runs;
+// docs/design.md "Dense rows at small B") dense Qwen3-Next KV bf16 B = 4 T = 1 16.1 -> 11.4 us,
+// B = 6 T = 2 24.5 -> 13.1, KV fp32 B = 8 T = 1 22.3 -> 14.8, Qwen3.5 VK bf16 B = 8 T = 1
+// 22.7 -> 15.8; with 20% padding rows the same cells take 0.80-1.24x.
 template <typename S>
 bool group_past_cluster_wave(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
-  if (group_mode() != 1 || lp.cluster <= 1 || p.B * p.H > int64_t{kGroupBlocksPerSm} * sm_count()) return false;
+  const int64_t blocks = p.B * p.H, sms = sm_count();
+  if (group_mode() != 1 || lp.cluster <= 1 || blocks > int64_t{kGroupBlocksPerSm} * sms) return false;
   const int64_t cap = fused_cluster_capacity<S>(f, lp);
+  lp.cluster_cap = static_cast<int>(cap);
   if (cap <= 0 || lp.blocks / lp.cluster <= cap) return false;
+  const int64_t block_state = p.HV / p.H * p.V * p.K * static_cast<int64_t>(sizeof(S));
+  if (block_state > kGroupLightBlockBytes && 8 * blocks < 7 * sms) return false;
   LaunchPlan group = lp;
   if (!plan_fused_group<S>(f, group, true)) return false;
   lp = group;
