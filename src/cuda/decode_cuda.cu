@@ -1044,9 +1044,9 @@ void narrow_fused_kv_tiles(const FusedProblem& f, LaunchPlan& lp) {
 // The planner cannot see how many rows are padding: a grid of padding rows' clusters exits at
 // once, so the cluster form passes its capacity later than its grid says. The rule takes the
 // full batch's side: measured on the H200 (fused, B = 1..32, T = 1, 2, 4, min of two runs;
-// docs/design.md "Dense rows at small B") dense Qwen3-Next KV bf16 B = 4 T = 1 16.1 -> 11.4 us,
-// B = 6 T = 2 24.5 -> 13.1, KV fp32 B = 8 T = 1 22.3 -> 14.8, Qwen3.5 VK bf16 B = 8 T = 1
-// 22.7 -> 15.8; with 20% padding rows the same cells take 0.80-1.24x.
+// docs/design.md, "The bulk tile load landed, and dense rows at small B") dense Qwen3-Next KV
+// bf16 B = 4 T = 1 16.0 -> 11.4 us, B = 6 T = 2 28.8 -> 14.5, KV fp32 B = 8 T = 1 22.2 -> 14.8,
+// Qwen3.5 VK bf16 B = 8 T = 1 22.9 -> 15.8; with 20% padding rows the same cells take 0.80-1.34x.
 template <typename S>
 bool group_past_cluster_wave(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
