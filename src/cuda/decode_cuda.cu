@@ -1060,6 +1060,7 @@ bool group_past_cluster_wave(const FusedProblem& f, LaunchPlan& lp) {
   LaunchPlan group = lp;
   if (!plan_fused_group<S>(f, group, true)) return false;
   lp = group;
+  lp.cluster_cap = static_cast<int>(cap);  // the plan text says why the group kernel runs
   return true;
 }
 
