@@ -512,6 +512,10 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 // thread. Bytes and both addresses are 16-byte multiples. mbar_init, bulk_load and mbar_wait
 // are all called by one thread (it alone tracks the phase); a __syncthreads after the wait
 // publishes the tile to the block.
+// The VK tile kernels' mbarrier for bulk_load: the planner adds these bytes at the end of the
+// dynamic shared memory (plan_vk_tile), and vk_tile_begin puts the barrier at the last 8-byte
+// aligned word inside them (8 for the barrier, up to 8 for its alignment).
+constexpr int kBulkBarBytes = 16;
 __device__ __forceinline__ void mbar_init(uint64_t* bar) {
   const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");

@@ -442,7 +442,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   }
   for (; !chunked;) {
     const size_t smem = static_cast<size_t>(rt) * row_bytes + stage_all_tokens(p, rt, lp, f != nullptr) +
-                        fused_extra_bytes(f, rt, V / rt) + 16;  // + the bulk load's mbarrier (vk_tile_begin)
+                        fused_extra_bytes(f, rt, V / rt) + kBulkBarBytes;  // the bulk load's mbarrier
     if (f != nullptr) {
       // The fused step: a cluster of every tile of the group, up to 16 blocks of at most
       // kBigClusterSmemMax each beyond the portable 8; else wider tiles (never narrower).
@@ -854,10 +854,11 @@ int compute_capability_major() {
 // Qwen3-Next, three and four 4-5% slower at Qwen3.5 B = 64); KV: three of 16 KB at every dtype.
 constexpr int64_t kGroupMinStateBytesPerSm = 150 * 1024;
 constexpr int64_t kGroupKvMinStateBytesPerSm = 48 * 1024;
-constexpr int64_t kGroupLightBlockBytes = 64 * 1024;  // group_past_cluster_wave
+constexpr int64_t kGroupLightBlockBytes = 64 * 1024;  // plan_fused_group, past_wave
 
 // past_wave: the caller found the cluster form's grid past the clusters the device runs at once
-// (plan_fused_typed); the group kernel then pays whatever the rules below say.
+// (group_past_cluster_wave); the group kernel then pays where its blocks are light (a GVA group's
+// state of at most kGroupLightBlockBytes) or about one per SM, whatever the rules below say.
 template <typename S>
 bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp, bool past_wave = false) {
   const Problem& p = f.step;
@@ -873,10 +874,13 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp, bool past_wave = fa
   const bool about_one_per_sm = 8 * blocks >= 7 * sms;
   // 16-bit KV at T >= 2: by its state alone; 16-bit KV at T = 1, or 150 KiB of state per SM: from
   // about one block per SM; else from 1.5 blocks per SM at T >= 4 (the comment above).
-  const bool pays = past_wave || (kv16 && p.T >= 2 ? state_bytes >= kGroupKvMinStateBytesPerSm * sms
-                                  : kv16 || state_bytes >= kGroupMinStateBytesPerSm * sms
-                                      ? about_one_per_sm
-                                      : 2 * blocks >= 3 * sms && p.T >= 4);
+  const int64_t block_state = p.HV / p.H * p.V * p.K * static_cast<int64_t>(sizeof(S));
+  const bool light = block_state <= kGroupLightBlockBytes;
+  const bool pays = (past_wave && (light || about_one_per_sm)) ||
+                    (kv16 && p.T >= 2 ? state_bytes >= kGroupKvMinStateBytesPerSm * sms
+                     : kv16 || state_bytes >= kGroupMinStateBytesPerSm * sms
+                         ? about_one_per_sm
+                         : 2 * blocks >= 3 * sms && p.T >= 4);
   if (mode == 1 && !pays) return false;
   const int V = static_cast<int>(p.V), T = static_cast<int>(p.T);
   const int tiles = V / rt;
@@ -1037,8 +1041,8 @@ void narrow_fused_kv_tiles(const FusedProblem& f, LaunchPlan& lp) {
 }
 
 // The group kernel where the cluster form's grid (as widened or narrowed above) has more clusters
-// than the device runs at once, and the group kernel either has light blocks (a GVA group's state
-// of at most 64 KiB) or about one block per SM. Past its capacity the cluster form's time steps
+// than the device runs at once and the group grid fits one wave, if its blocks are light or about
+// one per SM (plan_fused_group, past_wave). Past its capacity the cluster form's time steps
 // up by about a whole wave, while the group kernel's blocks start one by one; but a few heavy
 // group blocks (Qwen3.5 fp32: four heads, 256 KiB) take longer than that second wave.
 // The planner cannot see how many rows are padding: a grid of padding rows' clusters exits at
@@ -1050,17 +1054,12 @@ void narrow_fused_kv_tiles(const FusedProblem& f, LaunchPlan& lp) {
 template <typename S>
 bool group_past_cluster_wave(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
-  const int64_t blocks = p.B * p.H, sms = sm_count();
-  if (group_mode() != 1 || lp.cluster <= 1 || blocks > int64_t{kGroupBlocksPerSm} * sms) return false;
-  const int64_t cap = fused_cluster_capacity<S>(f, lp);
-  lp.cluster_cap = static_cast<int>(cap);
-  if (cap <= 0 || lp.blocks / lp.cluster <= cap) return false;
-  const int64_t block_state = p.HV / p.H * p.V * p.K * static_cast<int64_t>(sizeof(S));
-  if (block_state > kGroupLightBlockBytes && 8 * blocks < 7 * sms) return false;
-  LaunchPlan group = lp;
-  if (!plan_fused_group<S>(f, group, true)) return false;
-  lp = group;
-  lp.cluster_cap = static_cast<int>(cap);  // the plan text says why the group kernel runs
+  if (group_mode() != 1 || lp.cluster <= 1 || p.B * p.H > int64_t{kGroupBlocksPerSm} * sm_count()) return false;
+  const int cap = fused_cluster_capacity<S>(f, lp);
+  lp.cluster_cap = cap;
+  // plan_fused_group leaves lp as it is where it declines, and replaces it where it plans.
+  if (cap <= 0 || lp.blocks / lp.cluster <= cap || !plan_fused_group<S>(f, lp, true)) return false;
+  lp.cluster_cap = cap;  // the plan text says why the group kernel runs
   return true;
 }
 

@@ -529,12 +529,13 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   // it (the smem tile is unswizzled outside the chunked kernel). Same-binary A/B on the H200
   // against the 16-byte cp.async loop (decode VK, pool, T = 1..8, B = 1..256): 0.89-1.08x,
   // geometric mean 0.97, most at B = 1, T = 2 and fp32 T >= 4 (docs/design.md, "The bulk tile
-  // load landed"). The mbarrier lives in the 16 bytes the planner adds at the end of the dynamic
-  // shared memory: a static __shared__ variable instead moved the dynamic area and made the whole
-  // kernel ~4% slower.
+  // load landed"). The mbarrier lives in the kBulkBarBytes the planner adds at the end of the
+  // dynamic shared memory: a static __shared__ variable instead moved the dynamic area and made
+  // the whole kernel ~4% slower.
   unsigned dyn_bytes;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
-  uint64_t* const bulk_bar = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(tile_s) + ((dyn_bytes - 8) & ~7u));
+  uint64_t* const bulk_bar =
+      reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(tile_s) + ((dyn_bytes - static_cast<unsigned>(sizeof(uint64_t))) & ~7u));
   const bool bulk = !kKv && !kChunked && ss2 == K && row0 + RT <= p.V;
   if (bulk && tid == 0) mbar_init(bulk_bar);
   asm volatile("" : "+l"(head_src), "+l"(ss0), "+l"(ss2));
