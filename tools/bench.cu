@@ -375,52 +375,46 @@ double time_graph(cudaStream_t s, int64_t calls, int reps, Launch launch) {
   return median(per_call);
 }
 
-// Reference for the floor (--copy-kernel): a plain streaming kernel that moves exactly the
-// state bytes a call must move (each valid row's slot read, and written back in place when
-// the call updates the state), launched as gdn's kernels are (programmatic dependent launch,
-// one wave) in the same graph and rotation. Its time is what launch, latency and bandwidth
-// leave for any kernel of these bytes; nothing is computed.
-__global__ void state_copy_kernel(uint4* state, const int32_t* read_slots, int64_t B,
-                                  int64_t slot_vecs, bool write) {
+// Reference for the floor (--copy-kernel): a plain kernel that moves exactly the state bytes a
+// call must move (each valid row's slot read, and written back in place when the call updates the
+// state), launched as gdn's kernels are (programmatic dependent launch) in the same graph and
+// rotation. Its time is what launch, latency and bandwidth leave for any kernel of these bytes;
+// nothing is computed. One warp per block and per kCopyChunkVecs 16-byte vectors (4 KB) of a
+// slot, each lane's eight loads in flight at once before its stores: the fastest form measured on
+// the H200 (a probe; docs/design.md, "One warp per eight rows"). The grid-stride form it replaced
+// (256-thread blocks in one wave, a 64-bit division per vector) took 1.08-1.10x its time from
+// B = 64 (dense fp32 Qwen3-Next B = 512: 562.5 against 511.9 us), so the "% of the copy kernel"
+// figures measured with it before 2026-11-29 read high there.
+constexpr int kCopyVecsPerLane = 8;
+constexpr int64_t kCopyChunkVecs = 32 * kCopyVecsPerLane;
+
+__global__ void __launch_bounds__(32) state_copy_kernel(uint4* state, const int32_t* read_slots,
+                                                        int64_t slot_vecs, int64_t chunks, bool write) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  constexpr int kUnroll = 4;
-  const int64_t total = B * slot_vecs;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kUnroll;
-  for (int64_t i0 = static_cast<int64_t>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x; i0 < total;
-       i0 += stride) {
-    uint4 x[kUnroll];
-    int64_t at[kUnroll];
+  const int64_t n = static_cast<int64_t>(blockIdx.x) / chunks;  // row n, chunk c of its slot
+  const int64_t c = static_cast<int64_t>(blockIdx.x) - n * chunks;
+  const int64_t slot = read_slots != nullptr ? read_slots[n] : n;
+  if (slot < 0) return;
+  uint4* base = state + slot * slot_vecs + c * kCopyChunkVecs + threadIdx.x;
+  const int64_t left = slot_vecs - c * kCopyChunkVecs - threadIdx.x;  // vectors from this lane's first
+  uint4 x[kCopyVecsPerLane];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = i0 + static_cast<int64_t>(u) * blockDim.x;
-      at[u] = -1;
-      if (i < total) {
-        const int64_t n = i / slot_vecs;
-        const int64_t slot = read_slots != nullptr ? read_slots[n] : n;
-        if (slot >= 0) {
-          at[u] = slot * slot_vecs + i % slot_vecs;
-          x[u] = state[at[u]];
-        }
-      }
-    }
-    if (write) {
+  for (int u = 0; u < kCopyVecsPerLane; ++u)
+    if (u * 32 < left) x[u] = base[u * 32];
+  if (write) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (at[u] >= 0) state[at[u]] = x[u];
-    }
+    for (int u = 0; u < kCopyVecsPerLane; ++u)
+      if (u * 32 < left) base[u * 32] = x[u];
   }
 }
 
-void launch_state_copy(const Setup& su, const gdn::DecodeArgs& args, int64_t B, bool write,
-                       const Device& dev, cudaStream_t s) {
+void launch_state_copy(const Setup& su, const gdn::DecodeArgs& args, int64_t B, bool write, cudaStream_t s) {
   const int64_t slot_vecs = su.slot_bytes / 16;
-  constexpr int kThreads = 256;
-  const int64_t blocks = std::min<int64_t>((B * slot_vecs + kThreads * 4 - 1) / (kThreads * 4),
-                                           int64_t{8} * dev.sms);
+  const int64_t chunks = (slot_vecs + kCopyChunkVecs - 1) / kCopyChunkVecs;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(kThreads);
+  cfg.gridDim = dim3(static_cast<unsigned>(B * chunks));
+  cfg.blockDim = dim3(32);
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -428,7 +422,7 @@ void launch_state_copy(const Setup& su, const gdn::DecodeArgs& args, int64_t B, 
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   GDN_BENCH_CHECK(cudaLaunchKernelEx(&cfg, state_copy_kernel, static_cast<uint4*>(args.state.data),
-                                     su.read_slots, B, slot_vecs, write));
+                                     su.read_slots, slot_vecs, chunks, write));
 }
 
 Result run_config(const Config& c, const Device& dev, Arena& arena, const Options& opt,
@@ -457,7 +451,7 @@ Result run_config(const Config& c, const Device& dev, Arena& arena, const Option
   // cache, nor for the fused step (its rows compare against the decode rows instead).
   if (opt.copy_kernel && !c.cache && !c.fused)
     r.copy_us = time_graph(s, calls, opt.reps, [&](int64_t i) {
-      launch_state_copy(su, su.sets[i % N], c.B, c.update, dev, s);
+      launch_state_copy(su, su.sets[i % N], c.B, c.update, s);
     });
   return r;
 }
