@@ -384,7 +384,7 @@ double time_graph(cudaStream_t s, int64_t calls, int reps, Launch launch) {
 // the H200 (a probe; docs/design.md, "One warp per eight rows"). The grid-stride form it replaced
 // (256-thread blocks in one wave, a 64-bit division per vector) took 1.08-1.10x its time from
 // B = 64 (dense fp32 Qwen3-Next B = 512: 562.5 against 511.9 us), so the "% of the copy kernel"
-// figures measured with it before 2026-11-29 read high there.
+// figures measured with it on the H200 before this change read high there.
 constexpr int kCopyVecsPerLane = 8;
 constexpr int64_t kCopyChunkVecs = 32 * kCopyVecsPerLane;
 
