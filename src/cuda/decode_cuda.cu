@@ -874,8 +874,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp, bool past_wave = fa
   const bool about_one_per_sm = 8 * blocks >= 7 * sms;
   // 16-bit KV at T >= 2: by its state alone; 16-bit KV at T = 1, or 150 KiB of state per SM: from
   // about one block per SM; else from 1.5 blocks per SM at T >= 4 (the comment above).
-  const int64_t block_state = p.HV / p.H * p.V * p.K * static_cast<int64_t>(sizeof(S));
-  const bool light = block_state <= kGroupLightBlockBytes;
+  const bool light = state_bytes <= kGroupLightBlockBytes * blocks;  // a block's GVA group of state
   const bool pays = (past_wave && (light || about_one_per_sm)) ||
                     (kv16 && p.T >= 2 ? state_bytes >= kGroupKvMinStateBytesPerSm * sms
                      : kv16 || state_bytes >= kGroupMinStateBytesPerSm * sms
@@ -1056,11 +1055,11 @@ bool group_past_cluster_wave(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
   if (group_mode() != 1 || lp.cluster <= 1 || p.B * p.H > int64_t{kGroupBlocksPerSm} * sm_count()) return false;
   const int cap = fused_cluster_capacity<S>(f, lp);
+  // plan_fused_group leaves lp as it is where it declines, and replaces it where it plans; either
+  // plan's text reports the capacity weighed.
+  const bool group = cap > 0 && lp.blocks / lp.cluster > cap && plan_fused_group<S>(f, lp, true);
   lp.cluster_cap = cap;
-  // plan_fused_group leaves lp as it is where it declines, and replaces it where it plans.
-  if (cap <= 0 || lp.blocks / lp.cluster <= cap || !plan_fused_group<S>(f, lp, true)) return false;
-  lp.cluster_cap = cap;  // the plan text says why the group kernel runs
-  return true;
+  return group;
 }
 
 template <typename S>
