@@ -69,6 +69,18 @@ __device__ __forceinline__ int64_t index_from_bits(uint64_t u, DType dt) {
                            : static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(u)));
 }
 
+// A state element from fp32, rounded to nearest even.
+template <typename S>
+__device__ __forceinline__ S from_f32(float x) {
+  if constexpr (sizeof(S) == 4) {
+    return x;
+  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return __float2half_rn(x);
+  }
+}
+
 template <typename Elem>
 __device__ __forceinline__ float to_f32(Elem x) {
   if constexpr (sizeof(Elem) == 4) {
@@ -831,6 +843,7 @@ struct LaunchPlan {
   bool direct = false;      // VK tile, rows in registers <= 2: raw bf16 q/k/v, no conversion phase
   bool kv_wide = false;     // KV tile: the wide variant (KvTileWide, kv_tile_wide)
   bool kv_lanes16 = false;  // KV tile, fused step, fp32: 16 lanes along V (plan_kv_tile_k)
+  bool kv_vt = false;       // KV: the VK token loop on the transposed tile (decode_kv_vt_kernel)
   bool vec = true;          // 16-byte state accesses allowed
   bool pdl = true;          // programmatic dependent launch attribute
   int cluster = 1;          // fused step: blocks per thread-block cluster (fused.cuh)

@@ -108,6 +108,14 @@ int kv_wide_mode() {
   static const int v = env_int("GDN_CUDA_KV_WIDE", 1);
   return v;
 }
+//   GDN_CUDA_KV_VT=0|1|2      decode's KV layout through VK's token loop on the transposed tile
+//                             (decode_kv_vt_kernel): 0 off, 2 wherever it applies (before the
+//                             other KV kernels, whatever their knobs), 1 (default) where measured
+//                             faster (kv_vt_pays) and no other KV kernel is forced;
+int kv_vt_mode() {
+  static const int v = env_int("GDN_CUDA_KV_VT", 1);
+  return v;
+}
 // The group kernel (group.cuh), for the fused step and decode's KV layout:
 //   GDN_CUDA_GROUP=0|1|2  0 never, 2 wherever it applies (the GPU tests force it), 1 (default)
 //                         where measured faster (plan_fused_group, plan_kv_group).
@@ -376,12 +384,14 @@ constexpr int kFusedT1TileBytes = 64 * 1024;
 // halved while twice the blocks still fit in one wave of GDN_CUDA_TILE_BPS blocks per SM
 // (latency: more, shorter blocks, but never a second wave: B=4 Qwen3-Next fp32 went from
 // 1024 blocks in two waves, 11.3 us, to 512 in one, 9.1 us); at T = 1 see below.
+// `chunk_ok` false (plan_kv_vt): the token loop even where the chunked kernel would pay.
 // `f` (the fused step, else null): no chunked kernel and no direct loop (the conv outputs are
 // fp32), no fine tiles, tiles large enough that a cluster of all the blocks of one (row, q/k
 // head) fits (fused.cuh), and at T = 1 one tile per value head (kFusedT1TileBytes). `min_rt`
 // (the fused step's widening, widen_fused_tiles): tiles of at least this many rows.
 template <typename S>
-bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = nullptr, int min_rt = 0) {
+bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = nullptr, int min_rt = 0,
+                  bool chunk_ok = true) {
   const int L = static_cast<int>(p.K / 16);
   const int G = kVkThreads / L;
   const int V = static_cast<int>(p.V);
@@ -432,7 +442,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   // only the last state stored.
   bool chunked = false;
   constexpr bool kF32 = std::is_same_v<S, float>;
-  if (f == nullptr && (p.layout_kv || !kF32) && vk_chunk_pays(p) && p.T >= 2 &&
+  if (f == nullptr && chunk_ok && (p.layout_kv || !kF32) && vk_chunk_pays(p) && p.T >= 2 &&
       p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) && rt % 16 == 0) {
     stage_all_tokens(p, rt, lp);
     const VkChunkSmem lay(rt, static_cast<int>(p.K), static_cast<int>(p.T), lp.geo.raw_bytes,
@@ -697,9 +707,41 @@ bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
   return true;
 }
 
-// KV with 16-byte state rows: the group kernel, the chunked kernel or the tile kernel.
+// KV without stored intermediate states or a rounding seed: VK's token loop on the transposed
+// tile (decode_kv_vt_kernel, vk.cuh), planned as VK plans its tile kernel (the tiles, rows in
+// registers and the direct loop; never the chunked kernel), where kv_vt_pays.
+// Measured on the H200 (GDN_CUDA_KV_VT=2 against 0, pool, no cache, both models, T = 1, 2, 4, 8,
+// B = 1..512, min of two runs; docs/design.md, "The KV layout through VK's token loop"): faster
+// only at fp32 states from T = 4, against the wide tile kernel and the chunked kernel: B = 1
+// (32 and 64 heads) T = 4 0.74-0.93x, T = 8 0.72-0.73x; T = 4 B = 16 and 64 (512..4096 heads)
+// 0.88-0.92x. Slower at T = 1 (1.10-1.14x), at 16-bit states (up to 1.47x), against the group
+// kernel (B = 256: 1.10-1.20x) and the chunked kernel at T = 8 from B = 16 (1.04-1.11x): the
+// scalar transposed reads and the store through the tile cost more than VK's vector accesses.
+constexpr int64_t kKvVtMaxSmallHeads = 64;
+constexpr int64_t kKvVtMaxHeadsT4 = 4096;
+bool kv_vt_pays(const Problem& p) {
+  const int mode = kv_vt_mode();
+  if (mode == 2) return true;
+  if (mode != 1 || group_mode() == 2 || vk_chunk_mode() == 2 || p.state.dtype != DType::kF32) return false;
+  const int64_t heads = p.B * p.HV;
+  return (p.T >= 4 && p.T <= 8 && heads <= kKvVtMaxSmallHeads) || (p.T == 4 && heads <= kKvVtMaxHeadsT4);
+}
+template <typename S>
+bool plan_kv_vt(const Problem& p, LaunchPlan& lp) {
+  if (stores_token_states(p) || p.rounding_seed != nullptr || !kv_vt_pays(p)) return false;
+  LaunchPlan c;
+  // KvVtTile's swizzle spans eight 16-byte pieces of a tile row.
+  if (!plan_vk_tile<S>(p, c, nullptr, 0, false) || c.geo.tile_rows * sizeof(S) < 128) return false;
+  c.kv_vt = true;
+  lp = c;
+  return true;
+}
+
+// KV with 16-byte state rows: VK's token loop on the KV tile, the group kernel, the chunked
+// kernel or the tile kernel.
 template <typename S>
 bool plan_kv_shared(const Problem& p, LaunchPlan& lp) {
+  if (plan_kv_vt<S>(p, lp)) return true;
   LaunchPlan chunk;
   const bool chunked = plan_kv_chunk<S>(p, chunk);
   if (plan_kv_group<S>(p, lp, chunked)) return true;
@@ -755,6 +797,7 @@ cudaError_t launch_typed(const Problem& p, cudaStream_t stream) {
 std::string describe(const LaunchPlan& lp, bool kv) {
   std::string s = lp.group     ? std::string(lp.group4 ? "group4" : "group")
                   : lp.chunked ? std::string(kv ? "kv-chunk" : "vk-chunk")
+                  : lp.kv_vt   ? std::string(lp.direct ? "kv-vt-direct" : "kv-vt")
                   : lp.tile    ? std::string(kv ? (lp.kv_wide ? "kv-tile-wide" : "kv-tile")
                                                 : (lp.direct ? "vk-tile-direct" : "vk-tile"))
                                : std::string(kv ? "kv" : "vk");

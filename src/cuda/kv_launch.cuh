@@ -1,6 +1,6 @@
-// Host launchers of the KV kernels (kv.cuh; the chunked kernel on the KV tile, vk_chunk.cuh; the
-// group kernel without the conv, group.cuh) for one state dtype; instantiated once per dtype in
-// decode_<dtype>_kv.cu, the plan decided by decode_cuda.cu.
+// Host launchers of the KV kernels (kv.cuh; the chunked kernel on the KV tile, vk_chunk.cuh; VK's
+// token loop on the KV tile, vk.cuh; the group kernel without the conv, group.cuh) for one state
+// dtype; instantiated once per dtype in decode_<dtype>_kv.cu, the plan decided by decode_cuda.cu.
 #pragma once
 
 #include "group.cuh"
@@ -12,6 +12,23 @@ namespace gdn::detail::cuda {
 template <typename S, int K, bool kSr>
 cudaError_t launch_kv_ks(const Problem& p, const LaunchPlan& lp, cudaStream_t stream) {
   using W = KvTileWide<S, K>;
+  if (lp.kv_vt) {  // VK's token loop on the transposed tile (vk.cuh; plan_kv_vt), never with rounding
+    if constexpr (kSr) {
+      return cudaErrorInvalidConfiguration;
+    } else if (lp.direct) {
+      return lp.rows_per_thread == 2 ? launch_tile_kernel<decode_kv_vt_kernel<S, K, 2, true>>(p, lp, stream)
+                                     : launch_tile_kernel<decode_kv_vt_kernel<S, K, 1, true>>(p, lp, stream);
+    } else {
+      switch (lp.rows_per_thread) {
+        case 4:
+          return launch_tile_kernel<decode_kv_vt_kernel<S, K, 4>>(p, lp, stream);
+        case 2:
+          return launch_tile_kernel<decode_kv_vt_kernel<S, K, 2>>(p, lp, stream);
+        default:
+          return launch_tile_kernel<decode_kv_vt_kernel<S, K, 1>>(p, lp, stream);
+      }
+    }
+  }
   if (lp.group) {  // the group kernel without the conv (group.cuh; plan_kv_group)
     if constexpr (K == 128) {
       FusedProblem f;

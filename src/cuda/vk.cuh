@@ -471,12 +471,34 @@ struct ChunkTile {
   }
 };
 
+// The KV state's tile for the VK token loop (decode_kv_vt_kernel): K rows k of RT elements, as
+// the state has them, 16-byte pieces of VE elements swizzled by k / VE (RT / VE >= 8 pieces per
+// row, plan_kv_vt). A thread of the token loop reads the K-elements (i * L + j) * VE + e of one
+// column, i.e. one element of eight rows k whose k / VE differ in their low three bits (the lane
+// j): the XOR puts the eight lanes of a column in eight pieces, and the warp's four columns in
+// four banks of each, so the scalar reads and writes of a warp hit 32 distinct banks (K >= 128,
+// where rows k are multiples of 128 bytes).
+template <typename S>
+struct KvVtTile {
+  static constexpr int VE = kVecElems<S>;
+  S* base;
+  int rt;
+  __device__ KvVtTile(S* b, int RT) : base(b), rt(RT) {}
+  // Piece c (elements [c * VE, +VE) of the tile's columns) of row k.
+  __device__ __forceinline__ S* piece(int c, int k) const { return base + k * rt + ((c ^ ((k / VE) & 7)) * VE); }
+  // Element (column row0 + r, k = kp * VE + e), e < VE: the swizzle depends on kp alone (for a
+  // thread of the token loop, on its lane j alone), which the compiler sees only in this form.
+  __device__ __forceinline__ S* elem(unsigned r, unsigned kp, unsigned e) const {
+    return base + (kp * VE + e) * rt + (((r / VE) ^ (kp & 7)) * VE + r % VE);
+  }
+};
+
 // The tile kernels' prologue (VK tile and chunked kernels): returns false when the block's row
 // is padding or invalid (its outputs are zeroed; nothing else to do). Afterwards the state tile
 // (RT rows of head hv from row0), the converted inputs and the gates are in shared memory and
 // visible to every thread. kChunked, the chunked kernel's layout: ChunkTile's swizzled pieces,
-// and q, k stay raw bf16 rows (StageSmem::qk16) instead of fp32. kKv (chunked only): the state
-// is in the KV layout ([P, HV, K, V]) and so is the tile (ChunkTile).
+// and q, k stay raw bf16 rows (StageSmem::qk16) instead of fp32. kKv: the state is in the KV
+// layout ([P, HV, K, V]) and so is the tile (ChunkTile; KvVtTile outside the chunked kernel).
 // while_state_lands() runs after the inputs are converted and before the wait for the state
 // tile (work that needs only the inputs hides under the state's latency). kDirect: no
 // conversion (the direct token loop reads the raw inputs), one barrier after everything landed.
@@ -494,7 +516,6 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
                                               Work while_state_lands = {}, const FusedSmem* fs = nullptr,
                                               FusedShare* share = nullptr) {
   static_assert(!Fz::kOn || (!kChunked && !kDirect), "the fused step stages fp32 conv outputs");
-  static_assert(!kKv || kChunked, "the KV layout takes the tile prologue in the chunked kernel only");
   const Problem& p = Fz::step(prm);
   constexpr int VE = kVecElems<S>;
   constexpr int PR = K / VE;  // 16-byte pieces per state row
@@ -566,10 +587,11 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   if constexpr (kKv) {
     const S* src = head_src + slots.read * ss0;
     const ChunkTile<S, K, true> tile(tile_s, RT);
+    const KvVtTile<S> vt(tile_s, RT);
     const int PRk = RT / VE;  // pieces per tile row k
     for (int i = tid; i < K * PRk; i += kVkThreads) {
       const int k = i / PRk, c = i % PRk;
-      S* const dst = tile.elem(c * VE, k);
+      S* const dst = kChunked ? tile.elem(c * VE, k) : vt.piece(c, k);
       if (row0 + c * VE < p.V) {
         cp_async16(dst, src + k * ss2 + c * VE);
       } else {
@@ -685,6 +707,110 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   }
   if constexpr (Fz::kOn)
     fused_finish<kVkThreads, Fz::kNorm>(prm, geo, share, fs, n, hv, tile, row0, RT, T);
+}
+
+// ---------------------------------------------------------------------------------------
+// The KV layout through the VK token loop (plan_kv_vt, decode_cuda.cu): KV and VK hold the
+// same matrix, and in shared memory the transpose is a layout. A block owns RT columns v (VK's
+// rows) of one (n, hv): vk_tile_begin copies them, K rows k of RT elements, into a KvVtTile;
+// each thread reads its R columns' K-slices out of it (scalar reads, once per tile, laid out
+// for no bank conflicts; not profiled), runs decode_vk_tile_kernel's token loop on them unchanged (lazy
+// decay, reduce-scatter, direct variant), writes the final state back into the tile and the
+// block stores the tile to the write slot in 16-byte pieces, whole 128-byte lines of each row
+// k. The KV tile kernel's token instead reduces over k across warps through shared memory, one
+// barrier per token (kv.cuh). Only the last token's state leaves the kernel (no intermediate
+// cache, no per-token slots) and no stochastic rounding: the planner checks both. Against VK's
+// kernel it costs the scalar reads and writes (4x the shared-memory instructions of VK's 16-byte
+// ones at fp32, 8x at 16-bit) and a store that waits for the whole block: 1.10-1.67x VK's time,
+// so the planner takes it only where the other KV kernels are slower still (kv_vt_pays).
+// ---------------------------------------------------------------------------------------
+template <typename S, int K, int RR, bool kDirect = false>
+__global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
+    decode_kv_vt_kernel(const __grid_constant__ Problem p, const Geometry geo) {
+  static_assert(RR == 1 || RR == 2 || RR == 4);
+  static_assert(RR <= K / 16, "VkShape: at most L rows per thread");
+  static_assert(!kDirect || RR <= 2);
+  using Sh = VkShape<S, K, 1>;
+  constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G;
+  const int RT = geo.tile_rows;
+
+  extern __shared__ float4 smem4[];
+  S* const tile_s = reinterpret_cast<S*>(smem4);
+  const StageSmem sm = carve_smem(reinterpret_cast<float*>(smem4),
+                                  RT * K * static_cast<int>(sizeof(S)) / 4, geo, K, RT);
+  const int tid = threadIdx.x;
+  const int group = tid / L;
+  const int j = tid % L;
+  const BlockCoords bc = block_coords(p, geo);
+  const int64_t hv = bc.hv, n = bc.n;
+  const int64_t row0 = static_cast<int64_t>(bc.tile) * RT;
+  const int T = static_cast<int>(p.T);
+
+  WarpSlots slots;
+  if (!vk_tile_begin<S, K, false, NoWork, kDirect, NoFuse, true>(p, geo, sm, tile_s, bc, row0, RT, slots))
+    return;
+  const auto* const vbase = [&] {
+    if constexpr (kDirect) {
+      return sm.raw_part<const __nv_bfloat16>(2, K);
+    } else {
+      return static_cast<const float*>(sm.v);
+    }
+  }();
+  const int64_t wslot = warp_token_write_slot(p, slots, n, T - 1);  // uniform: one row per block
+
+  for (int i = 0; i < RT / G; i += RR) {
+    const int lr = i * G + group;
+    float st[RR][E];
+    // The tile's row length passes through an empty asm before the loads and again after the
+    // tokens, so the store-back computes its addresses anew: without the two, the addresses of
+    // the loads held their registers across the token loop (ptxas, K = 128, RR = 4: 168 bytes of
+    // spills at fp32, 56 at bf16; none with them, as decode_vk_tile_kernel).
+    int rt_ld = RT;
+    asm volatile("" : "+r"(rt_ld));
+    const KvVtTile<S> tl(tile_s, rt_ld);
+#pragma unroll
+    for (int r = 0; r < RR; ++r) {
+#pragma unroll
+      for (int v = 0; v < NV; ++v)
+#pragma unroll
+        for (int e = 0; e < VE; ++e) st[r][v * VE + e] = to_f32(*tl.elem(lr + r * G, v * L + j, e));
+    }
+    float gam_acc = 1.f;
+    for (int t = 0; t < T; ++t) {
+      if constexpr (VkReduce<K, RR>::kIssueBound) {
+        for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
+          vk_step<S, K, RR, true, true, 0, float, false, false>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
+                                                               vbase + t * RT + lr);
+      }
+      // The literal step with the output only: the state goes out through the tile.
+      float o[VkReduce<K, RR>::C];
+      vk_token<K, RR, false, kDirect ? VE : 0>(p, st, gam_acc, sm, t, j, vbase + t * RT + lr, o);
+      vk_store_token<S, K, RR, true, true, false, false>(p, -1, 0, n, hv, t, row0 + lr, j, st, o);
+    }
+    if (wslot >= 0) {
+      int rt_st = RT;
+      asm volatile("" : "+r"(rt_st) : "f"(st[0][0]));
+      const KvVtTile<S> ts(tile_s, rt_st);
+#pragma unroll
+      for (int r = 0; r < RR; ++r) {
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+#pragma unroll
+          for (int e = 0; e < VE; ++e) *ts.elem(lr + r * G, v * L + j, e) = from_f32<S>(st[r][v * VE + e]);
+      }
+    }
+  }
+  const KvVtTile<S> tile(tile_s, RT);
+  if (wslot < 0) return;
+  __syncthreads();  // every column's final state in the tile
+  S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + row0;
+  const int64_t ks = p.state.s[2];
+  const int PRk = RT / VE;
+  for (int i = tid; i < K * PRk; i += kVkThreads) {
+    const int k = i / PRk, c = i % PRk;
+    if (row0 + c * VE < p.V)
+      store_state_vec<S, true>(dst + k * ks + c * VE, *reinterpret_cast<const Packed<S>*>(tile.piece(c, k)));
+  }
 }
 
 }  // namespace gdn::detail::cuda
