@@ -721,7 +721,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
 // barrier per token (kv.cuh). Only the last token's state leaves the kernel (no intermediate
 // cache, no per-token slots) and no stochastic rounding: the planner checks both. Against VK's
 // kernel it costs the scalar reads and writes (4x the shared-memory instructions of VK's 16-byte
-// ones at fp32, 8x at 16-bit) and a store that waits for the whole block: 1.10-1.67x VK's time,
+// ones at fp32, 8x at 16-bit) and a store that waits for the whole block: 1.10-1.68x VK's time,
 // so the planner takes it only where the other KV kernels are slower still (kv_vt_pays).
 // ---------------------------------------------------------------------------------------
 template <typename S, int K, int RR, bool kDirect = false>
