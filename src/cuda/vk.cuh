@@ -633,6 +633,17 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   return true;
 }
 
+// The tokens' v rows [t][RT] in the staging area: raw bf16 for the direct token loop
+// (StageSmem::raw), else the converted fp32 rows.
+template <int K, bool kDirect>
+__device__ __forceinline__ auto staged_v_rows(const StageSmem& sm) {
+  if constexpr (kDirect) {
+    return sm.raw_part<const __nv_bfloat16>(2, K);
+  } else {
+    return static_cast<const float*>(sm.v);
+  }
+}
+
 // kDirect: the direct variant of vk_token (bf16 q, k, v, host-checked; RR <= 2). Fz: the
 // fused step (fused.cuh; its parameter is a FusedProblem). kSr: the stochastic-rounding store
 // path compiled in (vk_launch.cuh, launch_vk_k, says why a call without a rounding seed takes
@@ -673,14 +684,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   if (!vk_tile_begin<S, K, false, NoWork, kDirect, Fz>(prm, geo, sm, tile_s, bc, row0, RT, slots, NoWork{}, &fs,
                                                        &share))
     return;
-  // The tokens' v rows [t][RT]: direct, raw bf16 (StageSmem::raw); else fp32.
-  const auto* const vbase = [&] {
-    if constexpr (kDirect) {
-      return sm.raw_part<const __nv_bfloat16>(2, K);
-    } else {
-      return static_cast<const float*>(sm.v);
-    }
-  }();
+  const auto* const vbase = staged_v_rows<K, kDirect>(sm);
 
   for (int i = 0; i < RT / G; i += RR) {  // RT is a multiple of G * RR
     const int lr = i * G + group;        // local row of r = 0
@@ -749,13 +753,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   WarpSlots slots;
   if (!vk_tile_begin<S, K, false, NoWork, kDirect, NoFuse, true>(p, geo, sm, tile_s, bc, row0, RT, slots))
     return;
-  const auto* const vbase = [&] {
-    if constexpr (kDirect) {
-      return sm.raw_part<const __nv_bfloat16>(2, K);
-    } else {
-      return static_cast<const float*>(sm.v);
-    }
-  }();
+  const auto* const vbase = staged_v_rows<K, kDirect>(sm);
   const int64_t wslot = warp_token_write_slot(p, slots, n, T - 1);  // uniform: one row per block
 
   for (int i = 0; i < RT / G; i += RR) {
