@@ -3,7 +3,7 @@
 # calls and has no network: header-only Debian packages travel in .deps, fetched here with
 # `scripts/setup.sh --download .deps`). Logs go to $OUT; a short table is printed last.
 #   scripts/gpu_check.sh [stage ...]   stages: build test run sanitize python bench quickbench fusedbench
-#                                      groupbench
+#                                      groupbench kvvtbench
 # COMMIT names the commit under test in the benchmark JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,8 @@ note() { summary+=("$1"); echo "== $1"; }
 scripts/setup.sh --unpack .deps >/dev/null
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$OUT/device.txt" 2>&1
 
-if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench || has groupbench; then
+if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench || has groupbench ||
+  has kvvtbench; then
   t0=$SECONDS
   # GDN_BUILD_TESTS=ON stated: a warm machine may keep a build folder configured without them.
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DGDN_BUILD_TESTS=ON \
@@ -115,6 +116,33 @@ for k in sorted({k for (_, k) in best}):
     a, b = best.get(("off", k)), best.get(("rule", k))
     if a and b and abs(b / a - 1) > 0.01:
         print(*k, f"off {a:.2f} us, planner {b:.2f} us, {b / a:.3f}")
+PY
+fi
+if has kvvtbench; then
+  # decode's KV layout through VK's token loop (GDN_CUDA_KV_VT=2) against never (0), alternately
+  # twice, VK in the same runs: kv_vt_pays's rule re-measured on this card (src/cuda/decode_cuda.cu).
+  # A line per KV cell where the kernel applies, min of the two runs each.
+  args="--op decode --mode pool --layout all --state all --cache off --update on --T ${KVVT_T:-1,2,4,8} --B ${KVVT_B:-1,16,64,256,512} --model all"
+  rc=0
+  for r in 1 2; do
+    GDN_CUDA_KV_VT=0 ./$B/gdn bench $args --json "$OUT/kvvt-off-$r.json" > /dev/null 2>&1 &&
+      GDN_CUDA_KV_VT=2 ./$B/gdn bench $args --json "$OUT/kvvt-on-$r.json" > /dev/null 2>&1 || rc=1
+  done
+  note "kvvtbench rc=$rc"
+  python3 - "$OUT" <<'PY'
+import glob, json, sys
+best, plan = {}, {}
+for f in glob.glob(sys.argv[1] + "/kvvt-*-?.json"):
+    which = f.rsplit("/", 1)[1].split("-")[1]
+    for r in json.load(open(f))["rows"]:
+        k = (r["model"], r["state"], r["layout"], r["T"], r["B"])
+        best[which, k] = min(best.get((which, k), float("inf")), r["us"])
+        plan[which, k] = r["plan"].split()[0]
+print("model state T B: KV off (plan), kv-vt, kv-vt / off, kv-vt / VK")
+for k in sorted({k for (_, k) in best if k[2] == "KV"}):
+    a, b, vk = best.get(("off", k)), best.get(("on", k)), best.get(("off", k[:2] + ("VK",) + k[3:]))
+    if a and b and vk and plan[("on", k)].startswith("kv-vt"):
+        print(*k[:2], *k[3:], f"{a:.2f} us ({plan[('off', k)]}), {b:.2f} us, {b / a:.3f}, {b / vk:.3f}")
 PY
 fi
 if has quickbench; then
