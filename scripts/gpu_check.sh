@@ -121,8 +121,10 @@ fi
 if has kvvtbench; then
   # decode's KV layout through VK's token loop (GDN_CUDA_KV_VT=2) against never (0), alternately
   # twice, VK in the same runs: kv_vt_pays's rule re-measured on this card (src/cuda/decode_cuda.cu).
-  # A line per KV cell where the kernel applies, min of the two runs each.
-  args="--op decode --mode pool --layout all --state all --cache off --update on --T ${KVVT_T:-1,2,4,8} --B ${KVVT_B:-1,16,64,256,512} --model all"
+  # A line per KV cell where the kernel applies, min of the two runs each (KVVT_CACHE=all adds the
+  # intermediate cache).
+  args="--op decode --mode pool --layout all --state all --cache ${KVVT_CACHE:-off} --update on --T ${KVVT_T:-1,2,4,8}
+        --B ${KVVT_B:-1,16,64,256,512} --model all"
   rc=0
   for r in 1 2; do
     GDN_CUDA_KV_VT=0 ./$B/gdn bench $args --json "$OUT/kvvt-off-$r.json" > /dev/null 2>&1 &&
@@ -135,10 +137,10 @@ best, plan = {}, {}
 for f in glob.glob(sys.argv[1] + "/kvvt-*-?.json"):
     which = f.rsplit("/", 1)[1].split("-")[1]
     for r in json.load(open(f))["rows"]:
-        k = (r["model"], r["state"], r["layout"], r["T"], r["B"])
+        k = (r["model"], r["state"], r["layout"], r["T"], r["B"], "cache" if r["cache"] else "-")
         best[which, k] = min(best.get((which, k), float("inf")), r["us"])
         plan[which, k] = r["plan"].split()[0]
-print("model state T B: KV off (plan), kv-vt, kv-vt / off, kv-vt / VK")
+print("model state T B cache: KV off (plan), kv-vt, kv-vt / off, kv-vt / VK")
 for k in sorted({k for (_, k) in best if k[2] == "KV"}):
     a, b, vk = best.get(("off", k)), best.get(("on", k)), best.get(("off", k[:2] + ("VK",) + k[3:]))
     if a and b and vk and plan[("on", k)].startswith("kv-vt"):
