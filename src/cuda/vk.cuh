@@ -484,13 +484,13 @@ struct KvVtTile {
   S* base;
   int rt;
   __device__ KvVtTile(S* b, int RT) : base(b), rt(RT) {}
-  // Piece c (elements [c * VE, +VE) of the tile's columns) of row k.
-  __device__ __forceinline__ S* piece(int c, int k) const { return base + k * rt + ((c ^ ((k / VE) & 7)) * VE); }
   // Element (column row0 + r, k = kp * VE + e), e < VE: the swizzle depends on kp alone (for a
   // thread of the token loop, on its lane j alone), which the compiler sees only in this form.
   __device__ __forceinline__ S* elem(unsigned r, unsigned kp, unsigned e) const {
     return base + (kp * VE + e) * rt + (((r / VE) ^ (kp & 7)) * VE + r % VE);
   }
+  // Piece c (elements [c * VE, +VE) of the tile's columns) of row k.
+  __device__ __forceinline__ S* piece(int c, int k) const { return base + k * rt + ((c ^ ((k / VE) & 7)) * VE); }
 };
 
 // The tile kernels' prologue (VK tile and chunked kernels): returns false when the block's row
@@ -798,9 +798,9 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
       }
     }
   }
-  const KvVtTile<S> tile(tile_s, RT);
   if (wslot < 0) return;
   __syncthreads();  // every column's final state in the tile
+  const KvVtTile<S> tile(tile_s, RT);
   S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + row0;
   const int64_t ks = p.state.s[2];
   const int PRk = RT / VE;
