@@ -707,31 +707,44 @@ bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
   return true;
 }
 
-// KV without stored intermediate states or a rounding seed: VK's token loop on the transposed
-// tile (decode_kv_vt_kernel, vk.cuh), planned as VK plans its tile kernel (the tiles, rows in
-// registers and the direct loop; never the chunked kernel), where kv_vt_pays.
-// Measured on the H200 (GDN_CUDA_KV_VT=2 against 0, pool, no cache, both models, T = 1, 2, 4, 8,
-// B = 1..512, min of two runs; docs/design.md, "The KV layout through VK's token loop"): faster
-// only at fp32 states from T = 4, against the wide tile kernel and the chunked kernel: B = 1
-// (32 and 64 heads) T = 4 0.74-0.93x, T = 8 0.72-0.73x; T = 4 B = 16 and 64 (512..4096 heads)
-// 0.88-0.92x. Slower at T = 1 (1.10-1.14x), at 16-bit states (up to 1.47x), against the group
-// kernel (B = 256: 1.10-1.20x) and the chunked kernel at T = 8 from B = 16 (1.04-1.11x): the
-// scalar transposed reads and the store through the tile cost more than VK's vector accesses.
+// KV without a rounding seed: VK's token loop on the transposed tile (decode_kv_vt_kernel,
+// vk.cuh), planned as VK plans its tile kernel (the tiles, rows in registers and the direct loop;
+// never the chunked kernel), where kv_vt_pays.
+// Measured on the H200 (GDN_CUDA_KV_VT=2 against 0, pool, both models, T = 1, 2, 4, 8, B = 1..512,
+// with and without the cache, min of two runs; docs/design.md, "The KV layout through VK's token
+// loop"), against the planner's KV kernels:
+// - fp32 at B = 1 (32 and 64 heads): T = 1 0.91-0.94x, T = 2..8 0.66-0.85x; with the cache
+//   0.90-1.03x (T = 2..8).
+// - fp32 T = 4 at B = 16 and 64 (512..4096 heads): 0.86-0.96x. T = 2 and 8 there: 1.01-1.06x.
+// - fp32 with the cache from B = 256 (8192 heads): 0.95-0.98x, against the tile kernel.
+// - bf16 T = 2 at B = 16 and 64: 0.84-0.98x.
+// Slower elsewhere: against the group kernel (B >= 256 without the cache, 1.05-1.22x), at bf16
+// T >= 4 (to 1.43x, against the chunked kernel) and at T = 1 from B = 16 (1.08-1.16x). VK's own
+// kernels stay ahead by 1.04-1.59x where both run (issue 18's 10% is not met).
 constexpr int64_t kKvVtMaxSmallHeads = 64;
-constexpr int64_t kKvVtMaxHeadsT4 = 4096;
+constexpr int64_t kKvVtMaxHeadsMid = 4096;
+constexpr int64_t kKvVtMinHeadsCache = 8192;
 bool kv_vt_pays(const Problem& p) {
   const int mode = kv_vt_mode();
   if (mode == 2) return true;
-  if (mode != 1 || group_mode() == 2 || vk_chunk_mode() == 2 || p.state.dtype != DType::kF32) return false;
+  if (mode != 1 || group_mode() == 2 || vk_chunk_mode() == 2 || p.T > 8) return false;
   const int64_t heads = p.B * p.HV;
-  return (p.T >= 4 && p.T <= 8 && heads <= kKvVtMaxSmallHeads) || (p.T == 4 && heads <= kKvVtMaxHeadsT4);
+  const bool stores = stores_token_states(p);
+  if (p.state.dtype == DType::kBF16) return !stores && p.T == 2 && heads <= kKvVtMaxHeadsMid;
+  if (p.state.dtype != DType::kF32) return false;
+  if (heads <= kKvVtMaxSmallHeads) return true;
+  return stores ? heads >= kKvVtMinHeadsCache : p.T == 4 && heads <= kKvVtMaxHeadsMid;
 }
 template <typename S>
 bool plan_kv_vt(const Problem& p, LaunchPlan& lp) {
-  if (stores_token_states(p) || p.rounding_seed != nullptr || !kv_vt_pays(p)) return false;
+  if (p.rounding_seed != nullptr || !kv_vt_pays(p)) return false;
   LaunchPlan c;
   // KvVtTile's swizzle spans eight 16-byte pieces of a tile row.
   if (!plan_vk_tile<S>(p, c, nullptr, 0, false) || c.geo.tile_rows * sizeof(S) < 128) return false;
+  // The cache and per-token slots only where a warp's stores cover whole sectors (the kernel's
+  // kStoreDirect: 32 / L groups of RR columns).
+  if (stores_token_states(p) && 32 / (p.K / 16) * c.rows_per_thread * static_cast<int64_t>(sizeof(S)) < 32)
+    return false;
   c.kv_vt = true;
   lp = c;
   return true;

@@ -128,12 +128,14 @@ __device__ __forceinline__ void group_reduce_scatter(float (&x)[N], int j) {
 // kDirectVE elements) instead of converted by stage_convert, and the token's q/k sums for the
 // norms ride along the dot products' all-reduce: no conversion phase and one block barrier
 // instead of two, which is what a latency-bound small grid waits for (docs/design.md).
-template <int K, int R, bool kLazy, int kDirectVE = 0, typename VIn = float>
+// RS: the distance between a thread's rows (0: G, the VK kernels' interleave; 1: R consecutive
+// rows, decode_kv_vt_kernel); vrow[r * RS] is row r's v.
+template <int K, int R, bool kLazy, int kDirectVE = 0, typename VIn = float, int RS = 0>
 __device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], float& gam_acc,
                                          const StageSmem& sm, int t, int j, const VIn* vrow,
                                          float (&o)[VkReduce<K, R>::C]) {
   using Rd = VkReduce<K, R>;
-  constexpr int E = 16, L = Rd::L, G = kVkThreads / L, C = Rd::C;
+  constexpr int E = 16, L = Rd::L, C = Rd::C, G = RS > 0 ? RS : kVkThreads / L;
   constexpr bool kDirect = kDirectVE > 0;
   static_assert(!kDirect || (!Rd::kIssueBound && std::is_same_v<VIn, __nv_bfloat16>));
   const float4* q4 = reinterpret_cast<const float4*>(sm.q + t * K);
@@ -261,14 +263,15 @@ __device__ __forceinline__ void vk_token(const Problem& p, float (&st)[R][16], f
 // whose state is neither cached nor written). wslot: warp_token_write_slot of tt.
 // kOSmem (the fused step with its norm): o goes to o_s[tt][row - row0] (rt rows per token)
 // instead of global memory, until the norm factor is known.
-template <typename S, int K, int R, bool kVec, bool kOutOnly, bool kOSmem = false, bool kSr = true>
+template <typename S, int K, int R, bool kVec, bool kOutOnly, bool kOSmem = false, bool kSr = true, int RS = 0>
 __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, uint64_t sr_row, int64_t n,
                                                int64_t hv, int64_t tt, int64_t row, int j,
                                                const float (&st)[R][16],
                                                const float (&o)[VkReduce<K, R>::C],
                                                float* o_s = nullptr, int64_t row0 = 0, int rt = 0) {
   using Rd = VkReduce<K, R>;
-  constexpr int VE = kVecElems<S>, NV = 16 / VE, L = K / 16, G = kVkThreads / L, C = Rd::C;
+  constexpr int VE = kVecElems<S>, NV = 16 / VE, L = K / 16, C = Rd::C, G = RS > 0 ? RS : kVkThreads / L;
+  static_assert(RS == 0 || kOutOnly, "rows at another stride than G: the output only");
   // Reduce-scatter: the upper-half lanes hold o, the first lane of each run of duplicates
   // writes it. All-reduce: lane j < R writes row j's.
   const bool writer = Rd::kIssueBound ? j >= L / 2 && (j & ((1 << Rd::SHIFT) - 1)) == 0 : j < R;
@@ -319,15 +322,15 @@ __device__ __forceinline__ void vk_store_token(const Problem& p, int64_t wslot, 
 // One token of the thread's R rows and its stores; every lane of the warp calls it.
 // kLazy: a token whose state is not stored (vk_lazy_end), output only.
 template <typename S, int K, int R, bool kVec, bool kLazy, int kDirectVE = 0, typename VIn = float,
-          bool kOSmem = false, bool kSr = true>
+          bool kOSmem = false, bool kSr = true, int RS = 0>
 __device__ __forceinline__ void vk_step(const Problem& p, const WarpSlots& slots, int64_t n,
                                         int64_t hv, int64_t tt, int64_t row, int j,
                                         float (&st)[R][16], float& gam_acc, const StageSmem& sm,
                                         int t, const VIn* vrow, float* o_s = nullptr,
                                         int64_t row0 = 0, int rt = 0) {
   float o[VkReduce<K, R>::C];
-  vk_token<K, R, kLazy, kDirectVE>(p, st, gam_acc, sm, t, j, vrow, o);
-  vk_store_token<S, K, R, kVec, kLazy, kOSmem, kSr>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt),
+  vk_token<K, R, kLazy, kDirectVE, VIn, RS>(p, st, gam_acc, sm, t, j, vrow, o);
+  vk_store_token<S, K, R, kVec, kLazy, kOSmem, kSr, RS>(p, kLazy ? -1 : warp_token_write_slot(p, slots, n, tt),
                                                     slots.sr_row, n, hv, tt, row, j, st, o, o_s, row0, rt);
 }
 
@@ -713,6 +716,26 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     fused_finish<kVkThreads, Fz::kNorm>(prm, geo, share, fs, n, hv, tile, row0, RT, T);
 }
 
+// N consecutive state elements in shared memory (N * sizeof(S) bytes, aligned to that), as fp32,
+// in one access.
+template <typename S, int N>
+struct alignas(N * sizeof(S)) StateCols {
+  S e[N];
+};
+template <typename S, int N>
+__device__ __forceinline__ void load_cols(const S* src, float (&out)[N]) {
+  const StateCols<S, N> c = *reinterpret_cast<const StateCols<S, N>*>(src);
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_f32(c.e[i]);
+}
+template <typename S, int N>
+__device__ __forceinline__ void store_cols(S* dst, const float (&in)[N]) {
+  StateCols<S, N> c;
+#pragma unroll
+  for (int i = 0; i < N; ++i) c.e[i] = from_f32<S>(in[i]);
+  *reinterpret_cast<StateCols<S, N>*>(dst) = c;
+}
+
 // ---------------------------------------------------------------------------------------
 // The KV layout through the VK token loop (plan_kv_vt, decode_cuda.cu): KV and VK hold the
 // same matrix, and in shared memory the transpose is a layout. A block owns RT columns v (VK's
@@ -722,8 +745,8 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
 // decay, reduce-scatter, direct variant), writes the final state back into the tile and the
 // block stores the tile to the write slot in 16-byte pieces, whole 128-byte lines of each row
 // k. The KV tile kernel's token instead reduces over k across warps through shared memory, one
-// barrier per token (kv.cuh). Only the last token's state leaves the kernel (no intermediate
-// cache, no per-token slots) and no stochastic rounding: the planner checks both. Against VK's
+// barrier per token (kv.cuh). No stochastic rounding; the intermediate cache and per-token slots
+// only where the state is stored straight from registers (kStoreDirect): the planner checks both. Against VK's
 // kernel it costs the scalar reads and writes (4x the shared-memory instructions of VK's 16-byte
 // ones at fp32, 8x at 16-bit) and a store that waits for the whole block: 1.10-1.68x VK's time,
 // so the planner takes it only where the other KV kernels are slower still (kv_vt_pays).
@@ -754,51 +777,97 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   if (!vk_tile_begin<S, K, false, NoWork, kDirect, NoFuse, true>(p, geo, sm, tile_s, bc, row0, RT, slots))
     return;
   const auto* const vbase = staged_v_rows<K, kDirect>(sm);
+  using VIn = std::remove_cv_t<std::remove_pointer_t<decltype(vbase)>>;
   const int64_t wslot = warp_token_write_slot(p, slots, n, T - 1);  // uniform: one row per block
+  // The final state straight from registers, as decode_vk_tile_kernel stores it, where a warp's
+  // store instruction covers whole 32-byte sectors of each row k it touches: its 32 / L groups
+  // hold 32 / L * RR consecutive columns (fp32 RR >= 2, 16-bit RR = 4 at K = 128). Else through
+  // the tile: the final state back into it, then whole lines of each row k after a barrier.
+  constexpr bool kStoreDirect = 32 / L * RR * static_cast<int>(sizeof(S)) >= 32;
+  // The thread's RR columns of every row k it holds, to base + k * ks (KV: rows k, v contiguous).
+  const auto store_state_cols = [&](S* base, int64_t ks, int jj, const float(&rows)[RR][E]) {
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+#pragma unroll
+      for (int e = 0; e < VE; ++e) {
+        float x[RR];
+#pragma unroll
+        for (int r = 0; r < RR; ++r) x[r] = rows[r][v * VE + e];
+        store_cols<S, RR>(base + ((v * L + jj) * VE + e) * ks, x);
+      }
+    }
+  };
 
-  for (int i = 0; i < RT / G; i += RR) {
-    const int lr = i * G + group;
+  // A thread's RR rows are RR consecutive columns lr.., so that one shared-memory access along v
+  // (RR * sizeof(S) bytes: 16 at fp32 RR = 4) moves element k of all of them: as many accesses
+  // as decode_vk_tile_kernel's 16-byte ones at fp32 RR = 4 (RS = 1 in the token loop).
+  for (int i = 0; i < RT / (G * RR); ++i) {
+    const int lr = (i * G + group) * RR;
     float st[RR][E];
     // The tile's row length passes through an empty asm before the loads and again after the
     // tokens, so the store-back computes its addresses anew: without the two, the addresses of
     // the loads held their registers across the token loop (ptxas, K = 128, RR = 4: 168 bytes of
-    // spills at fp32, 56 at bf16; none with them, as decode_vk_tile_kernel).
+    // spills at fp32, 56 at bf16 in the scalar form; none with them, as decode_vk_tile_kernel).
     int rt_ld = RT;
     asm volatile("" : "+r"(rt_ld));
     const KvVtTile<S> tl(tile_s, rt_ld);
 #pragma unroll
-    for (int r = 0; r < RR; ++r) {
+    for (int v = 0; v < NV; ++v) {
 #pragma unroll
-      for (int v = 0; v < NV; ++v)
+      for (int e = 0; e < VE; ++e) {
+        float x[RR];
+        load_cols<S, RR>(tl.elem(lr, v * L + j, e), x);
 #pragma unroll
-        for (int e = 0; e < VE; ++e) st[r][v * VE + e] = to_f32(*tl.elem(lr + r * G, v * L + j, e));
+        for (int r = 0; r < RR; ++r) st[r][v * VE + e] = x[r];
+      }
     }
     float gam_acc = 1.f;
     for (int t = 0; t < T; ++t) {
       if constexpr (VkReduce<K, RR>::kIssueBound) {
         for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
-          vk_step<S, K, RR, true, true, 0, float, false, false>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm, t,
-                                                               vbase + t * RT + lr);
+          vk_step<S, K, RR, true, true, 0, float, false, false, 1>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm,
+                                                                  t, vbase + t * RT + lr);
       }
       // The literal step with the output only: the state goes out through the tile.
       float o[VkReduce<K, RR>::C];
-      vk_token<K, RR, false, kDirect ? VE : 0>(p, st, gam_acc, sm, t, j, vbase + t * RT + lr, o);
-      vk_store_token<S, K, RR, true, true, false, false>(p, -1, 0, n, hv, t, row0 + lr, j, st, o);
+      vk_token<K, RR, false, kDirect ? VE : 0, VIn, 1>(p, st, gam_acc, sm, t, j, vbase + t * RT + lr, o);
+      vk_store_token<S, K, RR, true, true, false, false, 1>(p, -1, 0, n, hv, t, row0 + lr, j, st, o);
+      if constexpr (kStoreDirect) {
+        // The intermediate cache and the per-token slots (plan_kv_vt: the direct store only); then
+        // every token is literal (vk_lazy_end). The last token's slot is the final store below.
+        if (stores_token_states(p)) {
+          if (p.inter.data != nullptr)
+            store_state_cols(static_cast<S*>(p.inter.data) + n * p.inter.s[0] + t * p.inter.s[1] +
+                                 hv * p.inter.s[2] + row0 + lr,
+                             p.inter.s[3], j, st);
+          const int64_t ws = warp_token_write_slot(p, slots, n, t);
+          if (t < T - 1 && ws >= 0)
+            store_state_cols(static_cast<S*>(p.state.data) + ws * p.state.s[0] + hv * p.state.s[1] + row0 + lr,
+                             p.state.s[2], j, st);
+        }
+      }
     }
-    if (wslot >= 0) {
+    if constexpr (kStoreDirect) {
+      if (wslot >= 0)
+        store_state_cols(static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + row0 + lr,
+                         p.state.s[2], j, st);
+    } else if (wslot >= 0) {
       int rt_st = RT;
       asm volatile("" : "+r"(rt_st) : "f"(st[0][0]));
       const KvVtTile<S> ts(tile_s, rt_st);
 #pragma unroll
-      for (int r = 0; r < RR; ++r) {
+      for (int v = 0; v < NV; ++v) {
 #pragma unroll
-        for (int v = 0; v < NV; ++v)
+        for (int e = 0; e < VE; ++e) {
+          float x[RR];
 #pragma unroll
-          for (int e = 0; e < VE; ++e) *ts.elem(lr + r * G, v * L + j, e) = from_f32<S>(st[r][v * VE + e]);
+          for (int r = 0; r < RR; ++r) x[r] = st[r][v * VE + e];
+          store_cols<S, RR>(ts.elem(lr, v * L + j, e), x);
+        }
       }
     }
   }
-  if (wslot < 0) return;
+  if (kStoreDirect || wslot < 0) return;
   __syncthreads();  // every column's final state in the tile
   const KvVtTile<S> tile(tile_s, RT);
   S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + row0;
