@@ -739,17 +739,19 @@ __device__ __forceinline__ void store_cols(S* dst, const float (&in)[N]) {
 // ---------------------------------------------------------------------------------------
 // The KV layout through the VK token loop (plan_kv_vt, decode_cuda.cu): KV and VK hold the
 // same matrix, and in shared memory the transpose is a layout. A block owns RT columns v (VK's
-// rows) of one (n, hv): vk_tile_begin copies them, K rows k of RT elements, into a KvVtTile;
-// each thread reads its R columns' K-slices out of it (scalar reads, once per tile, laid out
-// for no bank conflicts; not profiled), runs decode_vk_tile_kernel's token loop on them unchanged (lazy
-// decay, reduce-scatter, direct variant), writes the final state back into the tile and the
-// block stores the tile to the write slot in 16-byte pieces, whole 128-byte lines of each row
-// k. The KV tile kernel's token instead reduces over k across warps through shared memory, one
-// barrier per token (kv.cuh). No stochastic rounding; the intermediate cache and per-token slots
-// only where the state is stored straight from registers (kStoreDirect): the planner checks both. Against VK's
-// kernel it costs the scalar reads and writes (4x the shared-memory instructions of VK's 16-byte
-// ones at fp32, 8x at 16-bit) and a store that waits for the whole block: 1.10-1.68x VK's time,
-// so the planner takes it only where the other KV kernels are slower still (kv_vt_pays).
+// rows) of one (n, hv): vk_tile_begin copies them, K rows k of RT elements, into a KvVtTile
+// (16-byte pieces, swizzled); each thread reads its RR consecutive columns' K-slices out of it
+// (one RR * sizeof(S)-byte read per k) and runs decode_vk_tile_kernel's token loop on them
+// unchanged (lazy decay, reduce-scatter, direct variant). Where a warp's store covers whole
+// sectors of each row k (kStoreDirect) the state goes straight from registers to the write slot,
+// and the intermediate cache and per-token slots with it; else the final state goes back into
+// the tile and the block stores whole 128-byte lines of each row k after a barrier. The KV tile
+// kernel's token instead reduces over k across warps through shared memory, one barrier per
+// token (kv.cuh). No stochastic rounding; the planner checks that and the stores. Against VK's
+// kernel it costs the tile's copy-in by 16-byte cp.async (VK's is one bulk copy) and the stores'
+// address arithmetic (at 16 bits also twice VK's store instructions): 1.04-1.40x the time of
+// VK's tile kernel at fp32, 1.15-1.43x at bf16 (H200, docs/design.md), so the planner takes it
+// only where the other KV kernels are slower still (kv_vt_pays).
 // ---------------------------------------------------------------------------------------
 template <typename S, int K, int RR, bool kDirect = false>
 __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
