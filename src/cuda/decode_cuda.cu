@@ -727,7 +727,7 @@ constexpr int64_t kKvVtMinHeadsCache = 8192;
 bool kv_vt_pays(const Problem& p) {
   const int mode = kv_vt_mode();
   if (mode == 2) return true;
-  if (mode != 1 || group_mode() == 2 || vk_chunk_mode() == 2 || p.T > 8) return false;
+  if (mode != 1 || group_mode() == 2 || vk_chunk_mode() == 2 || kv_wide_mode() != 1 || p.T > 8) return false;
   const int64_t heads = p.B * p.HV;
   const bool stores = stores_token_states(p);
   if (p.state.dtype == DType::kBF16) return !stores && p.T == 2 && heads <= kKvVtMaxHeadsMid;
