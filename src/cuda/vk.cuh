@@ -476,11 +476,12 @@ struct ChunkTile {
 
 // The KV state's tile for the VK token loop (decode_kv_vt_kernel): K rows k of RT elements, as
 // the state has them, 16-byte pieces of VE elements swizzled by k / VE (RT / VE >= 8 pieces per
-// row, plan_kv_vt). A thread of the token loop reads the K-elements (i * L + j) * VE + e of one
-// column, i.e. one element of eight rows k whose k / VE differ in their low three bits (the lane
-// j): the XOR puts the eight lanes of a column in eight pieces, and the warp's four columns in
-// four banks of each, so the scalar reads and writes of a warp hit 32 distinct banks (K >= 128,
-// where rows k are multiples of 128 bytes).
+// row, plan_kv_vt). A thread of the token loop reads, for each of its K-elements
+// (i * L + j) * VE + e, its RR consecutive columns in one access. The L lanes j of a warp read
+// rows k whose k / VE differ in their low three bits (the lane j), and rows k are multiples of
+// 128 bytes (RT * sizeof(S) >= 128): without the XOR every lane would hit the same banks; with
+// it the lanes of a column land in distinct pieces (a warp's access spanning more than one
+// piece, e.g. bf16 RR = 4, can still meet two-way conflicts).
 template <typename S>
 struct KvVtTile {
   static constexpr int VE = kVecElems<S>;
@@ -830,7 +831,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
           vk_step<S, K, RR, true, true, 0, float, false, false, 1>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm,
                                                                   t, vbase + t * RT + lr);
       }
-      // The literal step with the output only: the state goes out through the tile.
+      // The literal step with the output only; the state goes out below, by columns.
       float o[VkReduce<K, RR>::C];
       vk_token<K, RR, false, kDirect ? VE : 0, VIn, 1>(p, st, gam_acc, sm, t, j, vbase + t * RT + lr, o);
       vk_store_token<S, K, RR, true, true, false, false, 1>(p, -1, 0, n, hv, t, row0 + lr, j, st, o);
