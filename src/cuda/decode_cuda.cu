@@ -741,9 +741,9 @@ bool plan_kv_vt(const Problem& p, LaunchPlan& lp) {
   LaunchPlan c;
   // KvVtTile's swizzle spans eight 16-byte pieces of a tile row.
   if (!plan_vk_tile<S>(p, c, nullptr, 0, false) || c.geo.tile_rows * sizeof(S) < 128) return false;
-  // The cache and per-token slots only where a warp's stores cover whole sectors (the kernel's
-  // kStoreDirect: 32 / L groups of RR columns).
-  if (stores_token_states(p) && 32 / (p.K / 16) * c.rows_per_thread * static_cast<int64_t>(sizeof(S)) < 32)
+  // The cache and per-token slots only where the kernel stores from registers.
+  if (stores_token_states(p) &&
+      !kv_vt_stores_direct(static_cast<int>(p.K), c.rows_per_thread, static_cast<int>(sizeof(S))))
     return false;
   c.kv_vt = true;
   lp = c;

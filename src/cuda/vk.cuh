@@ -737,6 +737,15 @@ __device__ __forceinline__ void store_cols(S* dst, const float (&in)[N]) {
   *reinterpret_cast<StateCols<S, N>*>(dst) = c;
 }
 
+// Whether decode_kv_vt_kernel stores the state straight from registers (head dim K, rr rows per
+// thread, elem_bytes per state element): where a warp's store instruction covers whole 32-byte
+// sectors of each row k it touches, its 32 / L groups holding 32 / L * rr consecutive columns (at
+// K = 128: fp32 rr >= 2, 16-bit rr = 4). Else through the tile. plan_kv_vt admits the cache and
+// per-token slots only where it does.
+__host__ __device__ constexpr bool kv_vt_stores_direct(int K, int rr, int elem_bytes) {
+  return 32 / (K / 16) * rr * elem_bytes >= 32;
+}
+
 // ---------------------------------------------------------------------------------------
 // The KV layout through the VK token loop (plan_kv_vt, decode_cuda.cu): KV and VK hold the
 // same matrix, and in shared memory the transpose is a layout. A block owns RT columns v (VK's
@@ -782,24 +791,9 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   const auto* const vbase = staged_v_rows<K, kDirect>(sm);
   using VIn = std::remove_cv_t<std::remove_pointer_t<decltype(vbase)>>;
   const int64_t wslot = warp_token_write_slot(p, slots, n, T - 1);  // uniform: one row per block
-  // The final state straight from registers, as decode_vk_tile_kernel stores it, where a warp's
-  // store instruction covers whole 32-byte sectors of each row k it touches: its 32 / L groups
-  // hold 32 / L * RR consecutive columns (fp32 RR >= 2, 16-bit RR = 4 at K = 128). Else through
-  // the tile: the final state back into it, then whole lines of each row k after a barrier.
-  constexpr bool kStoreDirect = 32 / L * RR * static_cast<int>(sizeof(S)) >= 32;
-  // The thread's RR columns of every row k it holds, to base + k * ks (KV: rows k, v contiguous).
-  const auto store_state_cols = [&](S* base, int64_t ks, int jj, const float(&rows)[RR][E]) {
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-#pragma unroll
-      for (int e = 0; e < VE; ++e) {
-        float x[RR];
-#pragma unroll
-        for (int r = 0; r < RR; ++r) x[r] = rows[r][v * VE + e];
-        store_cols<S, RR>(base + ((v * L + jj) * VE + e) * ks, x);
-      }
-    }
-  };
+  // The final state straight from registers, as decode_vk_tile_kernel stores it; else the final
+  // state back into the tile, then whole lines of each row k after a barrier.
+  constexpr bool kStoreDirect = kv_vt_stores_direct(K, RR, static_cast<int>(sizeof(S)));
 
   // A thread's RR rows are RR consecutive columns lr.., so that one shared-memory access along v
   // (RR * sizeof(S) bytes: 16 at fp32 RR = 4) moves element k of all of them: as many accesses
@@ -807,6 +801,24 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   for (int i = 0; i < RT / (G * RR); ++i) {
     const int lr = (i * G + group) * RR;
     float st[RR][E];
+    // The thread's RR columns of every row k it holds: those of K-element (v * L + j) * VE + e
+    // to at(v, e).
+    const auto store_st_cols = [&](auto at) {
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+#pragma unroll
+        for (int e = 0; e < VE; ++e) {
+          float x[RR];
+#pragma unroll
+          for (int r = 0; r < RR; ++r) x[r] = st[r][v * VE + e];
+          store_cols<S, RR>(at(v, e), x);
+        }
+      }
+    };
+    // To base + k * ks (KV: rows k, v contiguous).
+    const auto store_state_cols = [&](S* base, int64_t ks) {
+      store_st_cols([&](int v, int e) { return base + ((v * L + j) * VE + e) * ks; });
+    };
     // The tile's row length passes through an empty asm before the loads and again after the
     // tokens, so the store-back computes its addresses anew: without the two, the addresses of
     // the loads held their registers across the token loop (ptxas, K = 128, RR = 4: 168 bytes of
@@ -842,32 +854,23 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
           if (p.inter.data != nullptr)
             store_state_cols(static_cast<S*>(p.inter.data) + n * p.inter.s[0] + t * p.inter.s[1] +
                                  hv * p.inter.s[2] + row0 + lr,
-                             p.inter.s[3], j, st);
+                             p.inter.s[3]);
           const int64_t ws = warp_token_write_slot(p, slots, n, t);
           if (t < T - 1 && ws >= 0)
             store_state_cols(static_cast<S*>(p.state.data) + ws * p.state.s[0] + hv * p.state.s[1] + row0 + lr,
-                             p.state.s[2], j, st);
+                             p.state.s[2]);
         }
       }
     }
     if constexpr (kStoreDirect) {
       if (wslot >= 0)
         store_state_cols(static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + row0 + lr,
-                         p.state.s[2], j, st);
+                         p.state.s[2]);
     } else if (wslot >= 0) {
       int rt_st = RT;
       asm volatile("" : "+r"(rt_st) : "f"(st[0][0]));
       const KvVtTile<S> ts(tile_s, rt_st);
-#pragma unroll
-      for (int v = 0; v < NV; ++v) {
-#pragma unroll
-        for (int e = 0; e < VE; ++e) {
-          float x[RR];
-#pragma unroll
-          for (int r = 0; r < RR; ++r) x[r] = st[r][v * VE + e];
-          store_cols<S, RR>(ts.elem(lr, v * L + j, e), x);
-        }
-      }
+      store_st_cols([&](int v, int e) { return ts.elem(lr, v * L + j, e); });
     }
   }
   if (kStoreDirect || wslot < 0) return;
