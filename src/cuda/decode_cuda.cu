@@ -505,12 +505,21 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
 // (vk_chunk.cuh with kKv: the same phases, the tile transposed) where chunk_min_heads' KV rules
 // say it pays, with VK's tiles (the work and the bytes are the same), but never with a
 // rounding seed (its KV form does not round stochastically).
+// The KV tile's copy-in (vk_tile_begin) keeps one 16-byte piece column per thread: the block's
+// threads must be a multiple of a tile row's pieces. Always so for K, V in {64, 128, 256}, whose
+// tiles are powers of two; checked, not assumed.
+template <typename S>
+bool kv_tile_copy_fits(const LaunchPlan& lp) {
+  const int pieces = lp.geo.tile_rows * static_cast<int>(sizeof(S)) / 16;
+  return pieces > 0 && kVkThreads % pieces == 0;
+}
+
 template <typename S>
 bool plan_kv_chunk(const Problem& p, LaunchPlan& lp) {
   // Before planning VK's tiles: most KV calls (T = 1, a rounding seed, a small grid) end here.
   if (p.T < 2 || p.rounding_seed != nullptr || !vk_chunk_pays(p)) return false;
   LaunchPlan c;
-  if (!plan_vk_tile<S>(p, c) || !c.chunked) return false;
+  if (!plan_vk_tile<S>(p, c) || !c.chunked || !kv_tile_copy_fits<S>(c)) return false;
   lp = c;
   return true;
 }
@@ -740,7 +749,8 @@ bool plan_kv_vt(const Problem& p, LaunchPlan& lp) {
   if (p.rounding_seed != nullptr || !kv_vt_pays(p)) return false;
   LaunchPlan c;
   // KvVtTile's swizzle spans eight 16-byte pieces of a tile row.
-  if (!plan_vk_tile<S>(p, c, nullptr, 0, false) || c.geo.tile_rows * sizeof(S) < 128) return false;
+  if (!plan_vk_tile<S>(p, c, nullptr, 0, false) || c.geo.tile_rows * sizeof(S) < 128 || !kv_tile_copy_fits<S>(c))
+    return false;
   // The cache and per-token slots only where the kernel stores from registers.
   if (stores_token_states(p) &&
       !kv_vt_stores_direct(static_cast<int>(p.K), c.rows_per_thread, static_cast<int>(sizeof(S))))
