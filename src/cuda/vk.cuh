@@ -494,7 +494,9 @@ struct KvVtTile {
     return base + (kp * VE + e) * rt + (((r / VE) ^ (kp & 7)) * VE + r % VE);
   }
   // Piece c (elements [c * VE, +VE) of the tile's columns) of row k.
-  __device__ __forceinline__ S* piece(int c, int k) const { return base + k * rt + ((c ^ ((k / VE) & 7)) * VE); }
+  __device__ __forceinline__ S* piece(int c, int k) const {
+    return elem(static_cast<unsigned>(c) * VE, static_cast<unsigned>(k) / VE, static_cast<unsigned>(k) % VE);
+  }
 };
 
 // The tile kernels' prologue (VK tile and chunked kernels): returns false when the block's row
