@@ -748,9 +748,10 @@ template <typename S>
 bool plan_kv_vt(const Problem& p, LaunchPlan& lp) {
   if (p.rounding_seed != nullptr || !kv_vt_pays(p)) return false;
   LaunchPlan c;
-  // KvVtTile's swizzle spans eight 16-byte pieces of a tile row.
-  if (!plan_vk_tile<S>(p, c, nullptr, 0, false) || c.geo.tile_rows * sizeof(S) < 128 || !kv_tile_copy_fits<S>(c))
-    return false;
+  if (!plan_vk_tile<S>(p, c, nullptr, 0, false) || !kv_tile_copy_fits<S>(c)) return false;
+  // The rule was measured on tiles of eight 16-byte pieces per row or more (KvVtTile's full
+  // swizzle); smaller ones (small B at 16 bits) only where forced, until measured.
+  if (kv_vt_mode() != 2 && c.geo.tile_rows * sizeof(S) < 128) return false;
   // The cache and per-token slots only where the kernel stores from registers.
   if (stores_token_states(p) &&
       !kv_vt_stores_direct(static_cast<int>(p.K), c.rows_per_thread, static_cast<int>(sizeof(S))))

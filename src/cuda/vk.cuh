@@ -475,23 +475,25 @@ struct ChunkTile {
 };
 
 // The KV state's tile for the VK token loop (decode_kv_vt_kernel): K rows k of RT elements, as
-// the state has them, 16-byte pieces of VE elements swizzled by k / VE (RT / VE >= 8 pieces per
-// row, plan_kv_vt). A thread of the token loop reads, for each of its K-elements
-// (i * L + j) * VE + e, its RR consecutive columns in one access. The L lanes j of a warp read
-// rows k whose k / VE differ in their low three bits (the lane j), and rows k are multiples of
-// 128 bytes (RT * sizeof(S) >= 128): without the XOR every lane would hit the same banks; with
-// it the lanes of a column land in distinct pieces (a warp's access spanning more than one
-// piece, e.g. bf16 RR = 4, can still meet two-way conflicts).
+// the state has them, 16-byte pieces of VE elements swizzled by k / VE over min(RT / VE, 8)
+// pieces. A thread of the token loop reads, for each of its K-elements (i * L + j) * VE + e, its
+// RR consecutive columns in one access. The L lanes j of a warp read rows k whose k / VE differ
+// in their low three bits (the lane j), and with eight pieces or more rows k are multiples of
+// 128 bytes: without the XOR every lane would hit the same banks; with it the lanes of a column
+// land in distinct pieces (a warp's access spanning more than one piece, e.g. bf16 RR = 4, can
+// still meet two-way conflicts). With fewer pieces (small tiles at small B) 8 / pieces lanes
+// share one.
 template <typename S>
 struct KvVtTile {
   static constexpr int VE = kVecElems<S>;
   S* base;
   int rt;
-  __device__ KvVtTile(S* b, int RT) : base(b), rt(RT) {}
+  unsigned mask;  // the swizzle's span in pieces, less one
+  __device__ KvVtTile(S* b, int RT) : base(b), rt(RT), mask(static_cast<unsigned>((RT / VE < 8 ? RT / VE : 8) - 1)) {}
   // Element (column row0 + r, k = kp * VE + e), e < VE: the swizzle depends on kp alone (for a
   // thread of the token loop, on its lane j alone), which the compiler sees only in this form.
   __device__ __forceinline__ S* elem(unsigned r, unsigned kp, unsigned e) const {
-    return base + (kp * VE + e) * rt + (((r / VE) ^ (kp & 7)) * VE + r % VE);
+    return base + (kp * VE + e) * rt + (((r / VE) ^ (kp & mask)) * VE + r % VE);
   }
   // Piece c (elements [c * VE, +VE) of the tile's columns) of row k.
   __device__ __forceinline__ S* piece(int c, int k) const {
