@@ -1129,6 +1129,25 @@ bool group_past_cluster_wave(const FusedProblem& f, LaunchPlan& lp) {
   return group;
 }
 
+// The fused step's KV layout through VK's token loop (decode_kv_vt_kernel with Fuse): VK's
+// fused tile plan (its clusters, tiles and rows per thread), where the kernel stores the state
+// from registers (the tile pass would follow fused_finish's cluster barrier) and without a
+// rounding seed. Forced only (GDN_CUDA_KV_VT=2) until measured.
+template <typename S>
+bool plan_fused_kv_vt(const FusedProblem& f, LaunchPlan& lp) {
+  const Problem& p = f.step;
+  if (!p.layout_kv || kv_vt_mode() != 2 || p.rounding_seed != nullptr) return false;
+  LaunchPlan c;
+  if (!plan_vk_tile<S>(p, c, &f) || c.geo.tile_rows * sizeof(S) < 128 || !kv_tile_copy_fits<S>(c) ||
+      !kv_vt_stores_direct(static_cast<int>(p.K), c.rows_per_thread, static_cast<int>(sizeof(S))) ||
+      c.cluster > kMaxFusedCluster ||
+      (c.cluster > 8 && c.smem > kBigClusterSmemMax))
+    return false;
+  c.kv_vt = true;
+  lp = c;
+  return true;
+}
+
 template <typename S>
 std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
@@ -1142,10 +1161,12 @@ std::string plan_fused_typed(const FusedProblem& f, LaunchPlan& lp) {
     return "fused_decode on CUDA needs every block of one row and q/k head (HV/H = " + std::to_string(p.HV / p.H) +
            " value heads times their tiles) in one thread-block cluster of at most " +
            std::to_string(kMaxFusedCluster) + " blocks; this shape does not fit";
-  if (plan_fused_group<S>(f, lp)) return {};
-  widen_fused_tiles<S>(f, lp);
-  narrow_fused_kv_tiles<S>(f, lp);
-  if (group_past_cluster_wave<S>(f, lp)) return {};
+  if (!plan_fused_kv_vt<S>(f, lp)) {
+    if (plan_fused_group<S>(f, lp)) return {};
+    widen_fused_tiles<S>(f, lp);
+    narrow_fused_kv_tiles<S>(f, lp);
+    if (group_past_cluster_wave<S>(f, lp)) return {};
+  }
   if (lp.blocks > INT32_MAX)
     return "fused_decode on CUDA: B * HV * tiles = " + std::to_string(lp.blocks) + " blocks exceeds the grid limit";
   lp.geo.qkv_vec = false;  // the conv loads the new inputs itself (stage_issue never runs)

@@ -1,5 +1,5 @@
 // Host launchers of the fused step (the cluster form: the tile kernels of vk.cuh and kv.cuh with
-// Fuse<kNorm>; the group kernel of group.cuh) for one state dtype and layout; instantiated
+// Fuse<kNorm>, and for the KV layout decode_kv_vt_kernel too; the group kernel of group.cuh) for one state dtype and layout; instantiated
 // in fused_<dtype>_<layout>.cu, the plan decided by decode_cuda.cu (plan_fused).
 #pragma once
 
@@ -47,6 +47,17 @@ template <typename S, int K, bool kNorm, bool kSr, typename Act>
 cudaError_t fused_kv_k(const LaunchPlan& lp, const Act& act) {
   using W = KvTileWide<S, K>;
   using Fz = Fuse<kNorm>;
+  if (lp.kv_vt) {  // VK's token loop on the transposed tile (plan_fused_kv_vt)
+    if constexpr (!kSr) {
+      if constexpr (kv_vt_stores_direct(K, 4, sizeof(S))) {
+        if (lp.rows_per_thread == 4) return act.template run<decode_kv_vt_kernel<S, K, 4, false, Fz>>();
+      }
+      if constexpr (kv_vt_stores_direct(K, 2, sizeof(S))) {
+        if (lp.rows_per_thread == 2) return act.template run<decode_kv_vt_kernel<S, K, 2, false, Fz>>();
+      }
+    }
+    return cudaErrorInvalidConfiguration;  // planned with stores from registers, no rounding seed
+  }
   if (lp.kv_lanes16) {
     if constexpr (sizeof(S) == 4) {
       return act.template run<decode_kv_tile_kernel<S, K, kKvFusedLanes16Threads, 16, Fz, kSr>>();

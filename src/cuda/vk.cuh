@@ -780,20 +780,31 @@ __host__ __device__ constexpr bool kv_vt_stores_direct(int K, int rr, int elem_b
 // VK's tile kernel at fp32, 1.15-1.43x at bf16 (H200, docs/design.md), so the planner takes it
 // only where the other KV kernels are slower still (kv_vt_pays).
 // ---------------------------------------------------------------------------------------
-template <typename S, int K, int RR, bool kDirect = false>
+// Fz: the fused step (fused.cuh), as decode_vk_tile_kernel's; only where the state is stored
+// from registers (the tile pass would need the block after fused_finish's cluster barrier).
+template <typename S, int K, int RR, bool kDirect = false, typename Fz = NoFuse>
 __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
-    decode_kv_vt_kernel(const __grid_constant__ Problem p, const Geometry geo) {
+    decode_kv_vt_kernel(const __grid_constant__ typename Fz::Param prm, const Geometry geo) {
   static_assert(RR == 1 || RR == 2 || RR == 4);
   static_assert(RR <= K / 16, "VkShape: at most L rows per thread");
   static_assert(!kDirect || RR <= 2);
+  static_assert(!Fz::kOn || (!kDirect && kv_vt_stores_direct(K, RR, sizeof(S))), "the fused step: stores from registers");
   using Sh = VkShape<S, K, 1>;
   constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G;
+  const Problem& p = Fz::step(prm);
   const int RT = geo.tile_rows;
 
   extern __shared__ float4 smem4[];
   S* const tile_s = reinterpret_cast<S*>(smem4);
   const StageSmem sm = carve_smem(reinterpret_cast<float*>(smem4),
                                   RT * K * static_cast<int>(sizeof(S)) / 4, geo, K, RT);
+  FusedSmem fs;
+  FusedShare share;
+  if constexpr (Fz::kOn) {
+    share = fused_share(K, static_cast<int>(p.HV / p.H), geo.tiles, RT, static_cast<int>(prm.L),
+                        static_cast<int>(prm.W), static_cast<int>(p.T), geo.conv_cm);
+    fs = carve_fused(share, sm.v + sm.chunk * RT, static_cast<int>(p.T), RT, static_cast<int>(prm.W), Fz::kNorm);
+  }
   const int tid = threadIdx.x;
   const int group = tid / L;
   const int j = tid % L;
@@ -803,7 +814,8 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   const int T = static_cast<int>(p.T);
 
   WarpSlots slots;
-  if (!vk_tile_begin<S, K, false, NoWork, kDirect, NoFuse, true>(p, geo, sm, tile_s, bc, row0, RT, slots))
+  if (!vk_tile_begin<S, K, false, NoWork, kDirect, Fz, true>(prm, geo, sm, tile_s, bc, row0, RT, slots, NoWork{}, &fs,
+                                                             &share))
     return;
   const auto* const vbase = staged_v_rows<K, kDirect>(sm);
   using VIn = std::remove_cv_t<std::remove_pointer_t<decltype(vbase)>>;
@@ -860,13 +872,15 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
     for (int t = 0; t < T; ++t) {
       if constexpr (VkReduce<K, RR>::kIssueBound) {
         for (const int e = vk_lazy_end(p, sm, t, T); t < e; ++t)
-          vk_step<S, K, RR, true, true, 0, float, false, false, 1>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc, sm,
-                                                                  t, vbase + t * RT + lr);
+          vk_step<S, K, RR, true, true, 0, float, Fz::kNorm, false, 1>(p, slots, n, hv, t, row0 + lr, j, st, gam_acc,
+                                                                      sm, t, vbase + t * RT + lr, fs.o, row0, RT);
       }
-      // The literal step with the output only; the state goes out below, by columns.
+      // The literal step with the output only (with the fused step's norm, into fs.o); the state
+      // goes out below, by columns.
       float o[VkReduce<K, RR>::C];
       vk_token<K, RR, false, kDirect ? VE : 0, VIn, 1>(p, st, gam_acc, sm, t, j, vbase + t * RT + lr, o);
-      vk_store_token<S, K, RR, true, true, false, false, 1>(p, -1, 0, n, hv, t, row0 + lr, j, st, o);
+      vk_store_token<S, K, RR, true, true, Fz::kNorm, false, 1>(p, -1, 0, n, hv, t, row0 + lr, j, st, o, fs.o, row0,
+                                                                RT);
       if constexpr (kStoreDirect) {
         // The intermediate cache and the per-token slots (plan_kv_vt: the direct store only); then
         // every token is literal (vk_lazy_end). The last token's slot is the final store below.
@@ -892,6 +906,10 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
       const KvVtTile<S> ts(tile_s, rt_st);
       store_st_cols([&](int v) { return ts.elem(lr, v * L + j, 0); }, rt_st);
     }
+  }
+  if constexpr (Fz::kOn) {  // (kStoreDirect: the static_assert above)
+    fused_finish<kVkThreads, Fz::kNorm>(prm, geo, share, fs, n, hv, bc.tile, row0, RT, T);
+    return;
   }
   if (kStoreDirect || wslot < 0) return;
   __syncthreads();  // every column's final state in the tile
