@@ -119,12 +119,12 @@ for k in sorted({k for (_, k) in best}):
 PY
 fi
 if has kvvtbench; then
-  # decode's KV layout through VK's token loop (GDN_CUDA_KV_VT=2) against never (0), alternately
-  # twice, VK in the same runs: kv_vt_pays's rule re-measured on this card (src/cuda/decode_cuda.cu).
+  # The KV layout through VK's token loop (GDN_CUDA_KV_VT=2) against never (0), alternately twice,
+  # VK in the same runs: kv_vt_pays's rule re-measured on this card (src/cuda/decode_cuda.cu).
   # A line per KV cell where the kernel applies, min of the two runs each (KVVT_CACHE=all adds the
-  # intermediate cache).
-  args="--op decode --mode pool --layout all --state all --cache ${KVVT_CACHE:-off} --update on --T ${KVVT_T:-1,2,4,8}
-        --B ${KVVT_B:-1,16,64,256,512} --model all"
+  # intermediate cache; KVVT_OP=fused or all the fused step, plan_fused_kv_vt).
+  args="--op ${KVVT_OP:-decode} --mode pool --layout all --state all --cache ${KVVT_CACHE:-off} --update on
+        --T ${KVVT_T:-1,2,4,8} --B ${KVVT_B:-1,16,64,256,512} --model all"
   rc=0
   for r in 1 2; do
     GDN_CUDA_KV_VT=0 ./$B/gdn bench $args --json "$OUT/kvvt-off-$r.json" > /dev/null 2>&1 &&
@@ -137,14 +137,14 @@ best, plan = {}, {}
 for f in glob.glob(sys.argv[1] + "/kvvt-*-?.json"):
     which = f.rsplit("/", 1)[1].split("-")[1]
     for r in json.load(open(f))["rows"]:
-        k = (r["model"], r["state"], r["layout"], r["T"], r["B"], "cache" if r["cache"] else "-")
+        k = (r["op"], r["model"], r["state"], r["layout"], r["T"], r["B"], "cache" if r["cache"] else "-")
         best[which, k] = min(best.get((which, k), float("inf")), r["us"])
         plan[which, k] = r["plan"].split()[0]
-print("model state T B cache: KV off (plan), kv-vt, kv-vt / off, kv-vt / VK")
-for k in sorted({k for (_, k) in best if k[2] == "KV"}):
-    a, b, vk = best.get(("off", k)), best.get(("on", k)), best.get(("off", k[:2] + ("VK",) + k[3:]))
+print("op model state T B cache: KV off (plan), kv-vt, kv-vt / off, kv-vt / VK")
+for k in sorted({k for (_, k) in best if k[3] == "KV"}):
+    a, b, vk = best.get(("off", k)), best.get(("on", k)), best.get(("off", k[:3] + ("VK",) + k[4:]))
     if a and b and vk and plan[("on", k)].startswith("kv-vt"):
-        print(*k[:2], *k[3:], f"{a:.2f} us ({plan[('off', k)]}), {b:.2f} us, {b / a:.3f}, {b / vk:.3f}")
+        print(*k[:3], *k[4:], f"{a:.2f} us ({plan[('off', k)]}), {b:.2f} us, {b / a:.3f}, {b / vk:.3f}")
 PY
 fi
 if has quickbench; then
