@@ -1138,10 +1138,9 @@ bool plan_fused_kv_vt(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
   if (!p.layout_kv || kv_vt_mode() != 2 || p.rounding_seed != nullptr) return false;
   LaunchPlan c;
-  if (!plan_vk_tile<S>(p, c, &f) || c.geo.tile_rows * sizeof(S) < 128 || !kv_tile_copy_fits<S>(c) ||
+  if (!plan_vk_tile<S>(p, c, &f) || !kv_tile_copy_fits<S>(c) ||
       !kv_vt_stores_direct(static_cast<int>(p.K), c.rows_per_thread, static_cast<int>(sizeof(S))) ||
-      c.cluster > kMaxFusedCluster ||
-      (c.cluster > 8 && c.smem > kBigClusterSmemMax))
+      c.cluster > kMaxFusedCluster || (c.cluster > 8 && c.smem > kBigClusterSmemMax))
     return false;
   c.kv_vt = true;
   lp = c;
