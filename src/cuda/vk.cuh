@@ -659,6 +659,19 @@ __device__ __forceinline__ auto staged_v_rows(const StageSmem& sm) {
   }
 }
 
+// The fused step's parts of shared memory (Fz::kOn), past the staging area, for the kernels of
+// VK's token loop (decode_vk_tile_kernel, decode_kv_vt_kernel); nothing without it.
+template <typename Fz>
+__device__ __forceinline__ void carve_vk_fused(const typename Fz::Param& prm, const Geometry& geo, const StageSmem& sm,
+                                               int K, int RT, FusedSmem& fs, FusedShare& share) {
+  if constexpr (Fz::kOn) {
+    const Problem& p = Fz::step(prm);
+    share = fused_share(K, static_cast<int>(p.HV / p.H), geo.tiles, RT, static_cast<int>(prm.L),
+                        static_cast<int>(prm.W), static_cast<int>(p.T), geo.conv_cm);
+    fs = carve_fused(share, sm.v + sm.chunk * RT, static_cast<int>(p.T), RT, static_cast<int>(prm.W), Fz::kNorm);
+  }
+}
+
 // kDirect: the direct variant of vk_token (bf16 q, k, v, host-checked; RR <= 2). Fz: the
 // fused step (fused.cuh; its parameter is a FusedProblem). kSr: the stochastic-rounding store
 // path compiled in (vk_launch.cuh, launch_vk_k, says why a call without a rounding seed takes
@@ -680,11 +693,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
                                   RT * K * static_cast<int>(sizeof(S)) / 4, geo, K, RT);
   FusedSmem fs;
   FusedShare share;
-  if constexpr (Fz::kOn) {
-    share = fused_share(K, static_cast<int>(p.HV / p.H), geo.tiles, RT, static_cast<int>(prm.L),
-                        static_cast<int>(prm.W), static_cast<int>(p.T), geo.conv_cm);
-    fs = carve_fused(share, sm.v + sm.chunk * RT, static_cast<int>(p.T), RT, static_cast<int>(prm.W), Fz::kNorm);
-  }
+  carve_vk_fused<Fz>(prm, geo, sm, K, RT, fs, share);
 
   const int tid = threadIdx.x;
   const int group = tid / L;
@@ -800,11 +809,7 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
                                   RT * K * static_cast<int>(sizeof(S)) / 4, geo, K, RT);
   FusedSmem fs;
   FusedShare share;
-  if constexpr (Fz::kOn) {
-    share = fused_share(K, static_cast<int>(p.HV / p.H), geo.tiles, RT, static_cast<int>(prm.L),
-                        static_cast<int>(prm.W), static_cast<int>(p.T), geo.conv_cm);
-    fs = carve_fused(share, sm.v + sm.chunk * RT, static_cast<int>(p.T), RT, static_cast<int>(prm.W), Fz::kNorm);
-  }
+  carve_vk_fused<Fz>(prm, geo, sm, K, RT, fs, share);
   const int tid = threadIdx.x;
   const int group = tid / L;
   const int j = tid % L;
