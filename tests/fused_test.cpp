@@ -6,6 +6,7 @@
 // fed back, determinism, and every rejected input with nothing written.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <set>
 #include <string>
@@ -619,6 +620,47 @@ TEST(CudaFused, PlanDescriptionNamesTheKernel) {
       const int64_t hpb = field(fused, "hpb");
       EXPECT_TRUE(hpb == 1 || hpb == 2) << fused;
       EXPECT_EQ(field(fused, "blocks"), B * cfg.H / hpb) << fused;
+    }
+  }
+}
+
+// Under the kv_vt. ctest prefix (GDN_CUDA_KV_VT=2, tests/CMakeLists.txt) the forced kernel is the
+// one planned, for decode and the fused step, so that the prefix's tests run it rather than a
+// fallback: decode at every KV shape here (Qwen3-Next heads, B = 1: the small 16-bit tiles too),
+// the fused step where it stores the state from registers (fp32: two or four rows per thread).
+TEST(CudaKvVt, ForcedPlansTakeIt) {
+  if (std::string why = backend_unavailable(Backend::kCuda); !why.empty()) GTEST_SKIP() << why;
+  const char* const mode = std::getenv("GDN_CUDA_KV_VT");
+  if (mode == nullptr || std::string(mode) != "2")
+    GTEST_SKIP() << "checks the forced plans: runs under the kv_vt. ctest prefix (GDN_CUDA_KV_VT=2)";
+  const uint64_t seed = test_seed();
+  for (const int64_t T : {int64_t{1}, int64_t{4}}) {
+    for (const DLDataType sd : {kFloat32, kBFloat16}) {
+      SCOPED_TRACE("T = " + std::to_string(T) + (sd.bits == 32 ? " fp32" : " bf16"));
+      Config cfg = base(Addressing::kPool, 1, T);
+      cfg.qwen3_next_heads();
+      cfg.layout = StateLayout::kKV;
+      cfg.state_dtype = sd;
+      cfg.conv_inter = false;
+      std::string fused, step;
+      Case got = make_case(cfg, seed);
+      const Status st = run_fused(Backend::kCuda, got, [&](FusedDecodeArgs& a) {
+        detail::FusedProblem f;
+        if (detail::build_fused_problem(a, &f).ok()) fused = detail::describe_fused_cuda_plan(f);
+      });
+      ASSERT_TRUE(st.ok()) << st.message();
+      Config dcfg = cfg;
+      dcfg.fused = false;
+      Case dgot = make_case(dcfg, seed);
+      const Status ds = run_decode(Backend::kCuda, dgot, [&](DecodeArgs& a) {
+        detail::Problem p;
+        if (detail::build_problem(a, &p).ok()) step = detail::describe_cuda_plan(p);
+      });
+      ASSERT_TRUE(ds.ok()) << ds.message();
+      EXPECT_EQ(step.rfind("kv-vt", 0), 0u) << step;
+      if (sd.bits == 32) {
+        EXPECT_EQ(fused.rfind("kv-vt", 0), 0u) << fused;
+      }
     }
   }
 }
