@@ -10,7 +10,11 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
+
+#include <unistd.h>  // environ
 
 #include "backends.h"
 #include "check.h"
@@ -624,6 +628,34 @@ TEST(CudaFused, PlanDescriptionNamesTheKernel) {
   }
 }
 
+// The plans of decode and the fused step for Qwen3-Next's heads at B = 1, KV, pool addressing,
+// without the cache: {decode's, fused's} plan text.
+std::pair<std::string, std::string> kv_plans_b1(int64_t T, DLDataType sd, uint64_t seed) {
+  Config cfg = base(Addressing::kPool, 1, T);
+  cfg.qwen3_next_heads();
+  cfg.layout = StateLayout::kKV;
+  cfg.state_dtype = sd;
+  cfg.conv_inter = false;
+  std::string fused, step;
+  Case got = make_case(cfg, seed);
+  const Status st = run_fused(Backend::kCuda, got, [&](FusedDecodeArgs& a) {
+    detail::FusedProblem f;
+    if (detail::build_fused_problem(a, &f).ok()) fused = detail::describe_fused_cuda_plan(f);
+  });
+  EXPECT_TRUE(st.ok()) << st.message();
+  Config dcfg = cfg;
+  dcfg.fused = false;
+  Case dgot = make_case(dcfg, seed);
+  const Status ds = run_decode(Backend::kCuda, dgot, [&](DecodeArgs& a) {
+    detail::Problem p;
+    if (detail::build_problem(a, &p).ok()) step = detail::describe_cuda_plan(p);
+  });
+  EXPECT_TRUE(ds.ok()) << ds.message();
+  return {step, fused};
+}
+
+bool starts_with_kv_vt(const std::string& plan) { return plan.rfind("kv-vt", 0) == 0; }
+
 // Under the kv_vt. ctest prefix (GDN_CUDA_KV_VT=2, tests/CMakeLists.txt) the forced kernel is the
 // one planned, for decode and the fused step, so that the prefix's tests run it rather than a
 // fallback: decode at every KV shape here (Qwen3-Next heads, B = 1: the small 16-bit tiles too),
@@ -637,30 +669,30 @@ TEST(CudaKvVt, ForcedPlansTakeIt) {
   for (const int64_t T : {int64_t{1}, int64_t{4}}) {
     for (const DLDataType sd : {kFloat32, kBFloat16}) {
       SCOPED_TRACE("T = " + std::to_string(T) + (sd.bits == 32 ? " fp32" : " bf16"));
-      Config cfg = base(Addressing::kPool, 1, T);
-      cfg.qwen3_next_heads();
-      cfg.layout = StateLayout::kKV;
-      cfg.state_dtype = sd;
-      cfg.conv_inter = false;
-      std::string fused, step;
-      Case got = make_case(cfg, seed);
-      const Status st = run_fused(Backend::kCuda, got, [&](FusedDecodeArgs& a) {
-        detail::FusedProblem f;
-        if (detail::build_fused_problem(a, &f).ok()) fused = detail::describe_fused_cuda_plan(f);
-      });
-      ASSERT_TRUE(st.ok()) << st.message();
-      Config dcfg = cfg;
-      dcfg.fused = false;
-      Case dgot = make_case(dcfg, seed);
-      const Status ds = run_decode(Backend::kCuda, dgot, [&](DecodeArgs& a) {
-        detail::Problem p;
-        if (detail::build_problem(a, &p).ok()) step = detail::describe_cuda_plan(p);
-      });
-      ASSERT_TRUE(ds.ok()) << ds.message();
-      EXPECT_EQ(step.rfind("kv-vt", 0), 0u) << step;
+      const auto [step, fused] = kv_plans_b1(T, sd, seed);
+      EXPECT_TRUE(starts_with_kv_vt(step)) << step;
       if (sd.bits == 32) {
-        EXPECT_EQ(fused.rfind("kv-vt", 0), 0u) << fused;
+        EXPECT_TRUE(starts_with_kv_vt(fused)) << fused;
       }
+    }
+  }
+}
+
+// Without knobs, the measured rule (kv_vt_pays, plan_fused_kv_vt; src/cuda/decode_cuda.cu) takes
+// the kernel at B = 1 for decode at fp32 and bf16 (the small 16-bit tiles), and for the fused
+// step at fp32 from T = 2 only (at T = 1 the fused KV tile kernel is faster).
+TEST(CudaKvVt, RuleTakesItAtBatchOne) {
+  if (std::string why = backend_unavailable(Backend::kCuda); !why.empty()) GTEST_SKIP() << why;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).rfind("GDN_CUDA_", 0) == 0) GTEST_SKIP() << "checks the default rule; " << *e << " is set";
+  }
+  const uint64_t seed = test_seed();
+  for (const int64_t T : {int64_t{1}, int64_t{4}}) {
+    for (const DLDataType sd : {kFloat32, kBFloat16}) {
+      SCOPED_TRACE("T = " + std::to_string(T) + (sd.bits == 32 ? " fp32" : " bf16"));
+      const auto [step, fused] = kv_plans_b1(T, sd, seed);
+      EXPECT_TRUE(starts_with_kv_vt(step)) << step;
+      EXPECT_EQ(starts_with_kv_vt(fused), sd.bits == 32 && T > 1) << fused;
     }
   }
 }

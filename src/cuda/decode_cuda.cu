@@ -108,10 +108,11 @@ int kv_wide_mode() {
   static const int v = env_int("GDN_CUDA_KV_WIDE", 1);
   return v;
 }
-//   GDN_CUDA_KV_VT=0|1|2      decode's KV layout through VK's token loop on the transposed tile
-//                             (decode_kv_vt_kernel): 0 off, 2 wherever it applies (before the
-//                             other KV kernels, whatever their knobs), 1 (default) where measured
-//                             faster (kv_vt_pays) and no other KV kernel is forced;
+//   GDN_CUDA_KV_VT=0|1|2      the KV layout through VK's token loop on the transposed tile
+//                             (decode_kv_vt_kernel), decode and the fused step: 0 off, 2 wherever
+//                             it applies (before the other KV kernels, whatever their knobs),
+//                             1 (default) where measured faster (kv_vt_pays, plan_fused_kv_vt)
+//                             and no other KV kernel is forced;
 int kv_vt_mode() {
   static const int v = env_int("GDN_CUDA_KV_VT", 1);
   return v;
@@ -720,16 +721,16 @@ bool plan_kv_group(const Problem& p, LaunchPlan& lp, bool chunked) {
 // vk.cuh), planned as VK plans its tile kernel (the tiles, rows in registers and the direct loop;
 // never the chunked kernel), where kv_vt_pays.
 // Measured on the H200 (GDN_CUDA_KV_VT=2 against 0, pool, both models, T = 1, 2, 4, 8, B = 1..512,
-// with and without the cache, min of two runs; docs/design.md, "The KV layout through VK's token
-// loop"), against the planner's KV kernels:
-// - fp32 at B = 1 (32 and 64 heads): T = 1 0.91-0.94x, T = 2..8 0.66-0.85x; with the cache
-//   0.90-1.03x (T = 2..8).
-// - fp32 T = 4 at B = 16 and 64 (512..4096 heads): 0.86-0.96x. T = 2 and 8 there: 1.01-1.06x.
-// - fp32 with the cache from B = 256 (8192 heads): 0.95-0.98x, against the tile kernel.
-// - bf16 T = 2 at B = 16 and 64: 0.84-0.98x.
-// Slower elsewhere: against the group kernel (B >= 256 without the cache, 1.05-1.22x), at bf16
-// T >= 4 (to 1.43x, against the chunked kernel) and at T = 1 from B = 16 (1.08-1.16x). VK's own
-// kernels stay ahead by 1.04-1.59x where both run (issue 18's 10% is not met).
+// with and without the cache, min of two runs, 86a1407; docs/design.md, "The KV layout through
+// VK's token loop"), against the planner's KV kernels:
+// - B = 1 (32 and 64 heads) without the cache: fp32 0.62-0.89x, bf16 0.61-0.91x (its small tiles:
+//   tile rows of fewer than eight 16-byte pieces). With the cache, fp32 0.87-0.97x (T = 2..8).
+// - fp32 T = 2 and 4 at B = 16 and 64 (512..4096 heads): 0.84-1.00x. T = 8 there: 1.02-1.04x.
+// - fp32 with the cache from B = 256 (8192 heads): 0.96-0.99x, against the tile kernel.
+// - bf16 T = 2 at B = 16 and 64: 0.83-0.93x.
+// Slower elsewhere: against the group kernel (B >= 256 without the cache, 1.00-1.07x), at bf16
+// T >= 4 from B = 16 (to 1.45x, against the chunked kernel) and at T = 1 from B = 16 (1.02-1.17x).
+// VK's own kernels stay ahead by 1.04-1.52x from B = 16 (issue 18's 10% is not met).
 constexpr int64_t kKvVtMaxSmallHeads = 64;
 constexpr int64_t kKvVtMaxHeadsMid = 4096;
 constexpr int64_t kKvVtMinHeadsCache = 8192;
@@ -739,19 +740,17 @@ bool kv_vt_pays(const Problem& p) {
   if (mode != 1 || group_mode() == 2 || vk_chunk_mode() == 2 || kv_wide_mode() != 1 || p.T > 8) return false;
   const int64_t heads = p.B * p.HV;
   const bool stores = stores_token_states(p);
-  if (p.state.dtype == DType::kBF16) return !stores && p.T == 2 && heads <= kKvVtMaxHeadsMid;
+  if (p.state.dtype == DType::kBF16)
+    return !stores && (heads <= kKvVtMaxSmallHeads || (p.T == 2 && heads <= kKvVtMaxHeadsMid));
   if (p.state.dtype != DType::kF32) return false;
   if (heads <= kKvVtMaxSmallHeads) return true;
-  return stores ? heads >= kKvVtMinHeadsCache : p.T == 4 && heads <= kKvVtMaxHeadsMid;
+  return stores ? heads >= kKvVtMinHeadsCache : (p.T == 2 || p.T == 4) && heads <= kKvVtMaxHeadsMid;
 }
 template <typename S>
 bool plan_kv_vt(const Problem& p, LaunchPlan& lp) {
   if (p.rounding_seed != nullptr || !kv_vt_pays(p)) return false;
   LaunchPlan c;
   if (!plan_vk_tile<S>(p, c, nullptr, 0, false) || !kv_tile_copy_fits<S>(c)) return false;
-  // The rule was measured on tiles of eight 16-byte pieces per row or more (KvVtTile's full
-  // swizzle); smaller ones (small B at 16 bits) only where forced, until measured.
-  if (kv_vt_mode() != 2 && c.geo.tile_rows * sizeof(S) < 128) return false;
   // The cache and per-token slots only where the kernel stores from registers.
   if (stores_token_states(p) &&
       !kv_vt_stores_direct(static_cast<int>(p.K), c.rows_per_thread, static_cast<int>(sizeof(S))))
@@ -1132,11 +1131,18 @@ bool group_past_cluster_wave(const FusedProblem& f, LaunchPlan& lp) {
 // The fused step's KV layout through VK's token loop (decode_kv_vt_kernel with Fuse): VK's
 // fused tile plan (its clusters, tiles and rows per thread), where the kernel stores the state
 // from registers (the tile pass would follow fused_finish's cluster barrier) and without a
-// rounding seed. Forced only (GDN_CUDA_KV_VT=2) until measured.
+// rounding seed. Measured on the H200 (86a1407, forced against never, as kv_vt_pays), against
+// the fused step's KV kernels: fp32 at B = 1 (32 and 64 heads) without the cache, T = 2..8,
+// 0.74-0.96x; everywhere else slower: T = 1 and the cache at B = 1 0.98-1.22x, from B = 16
+// 0.93-1.66x (the group kernel; ncu at fp32 T = 4 B = 256 with the cache: 30% more cycles than
+// decode's kv-vt on the same grid, L1 75% busy and DRAM 46%, against VK's group kernel at 73%).
 template <typename S>
 bool plan_fused_kv_vt(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
-  if (!p.layout_kv || kv_vt_mode() != 2 || p.rounding_seed != nullptr) return false;
+  if (!p.layout_kv || p.rounding_seed != nullptr || !kv_vt_pays(p)) return false;
+  if (kv_vt_mode() != 2 && (p.state.dtype != DType::kF32 || p.B * p.HV > kKvVtMaxSmallHeads || p.T < 2 ||
+                            stores_token_states(p)))
+    return false;
   LaunchPlan c;
   if (!plan_vk_tile<S>(p, c, &f) || !kv_tile_copy_fits<S>(c) ||
       !kv_vt_stores_direct(static_cast<int>(p.K), c.rows_per_thread, static_cast<int>(sizeof(S))) ||
