@@ -577,65 +577,10 @@ TEST(CudaFused, UnalignedStateIsNotSupported) {
   run_and_compare(Backend::kCpu, before);
 }
 
-// The planner's description (src/backends.h, for gdn bench's rows) names the kernel that runs,
-// and its fields agree with the plan's own arithmetic. (The serving batches check these plans'
-// results against the oracle.)
-TEST(CudaFused, PlanDescriptionNamesTheKernel) {
-  if (std::string why = backend_unavailable(Backend::kCuda); !why.empty()) GTEST_SKIP() << why;
-  const uint64_t seed = test_seed();
-  const auto field = [](const std::string& s, const std::string& name) {
-    const size_t at = s.find(" " + name + "=");
-    return at == std::string::npos ? int64_t{-1} : std::stoll(s.substr(at + name.size() + 2));
-  };
-  for (const int64_t B : {int64_t{1}, int64_t{34}}) {
-    SCOPED_TRACE("B = " + std::to_string(B));
-    Config cfg = base(Addressing::kPool, B, 1);
-    cfg.qwen3_next_heads();
-    cfg.state_dtype = kBFloat16;
-    cfg.conv_inter = false;
-    const Case before = make_case(cfg, seed);
-    Case got = before.clone();
-    std::string fused, step;
-    const Status st = run_fused(Backend::kCuda, got, [&](FusedDecodeArgs& a) {
-      detail::FusedProblem f;
-      if (detail::build_fused_problem(a, &f).ok()) fused = detail::describe_fused_cuda_plan(f);
-    });
-    ASSERT_TRUE(st.ok()) << st.message();
-    // decode's plan for the same recurrence (the same shapes without the conv and the norm).
-    Config dcfg = cfg;
-    dcfg.fused = false;
-    Case dgot = make_case(dcfg, seed);
-    const Status ds = run_decode(Backend::kCuda, dgot, [&](DecodeArgs& a) {
-      detail::Problem p;
-      if (detail::build_problem(a, &p).ok()) step = detail::describe_cuda_plan(p);
-    });
-    ASSERT_TRUE(ds.ok()) << ds.message();
-    ASSERT_FALSE(fused.empty());
-    EXPECT_EQ(step.rfind("vk", 0), 0u) << step;  // a VK kernel family
-    EXPECT_GT(field(step, "blocks"), 0) << step;
-    if (B == 1) {
-      // The cluster form: one block per value head of the GVA group (two), one cluster per q/k head.
-      EXPECT_EQ(fused.rfind("vk-tile", 0), 0u) << fused;
-      EXPECT_EQ(field(fused, "cluster"), 2) << fused;
-    } else {
-      // 35.7 MB of state: the group kernel on any GPU of at most 232 SMs, with one or two q/k heads
-      // per block by the grid's waves.
-      EXPECT_EQ(fused.rfind("group ", 0), 0u) << fused;
-      const int64_t hpb = field(fused, "hpb");
-      EXPECT_TRUE(hpb == 1 || hpb == 2) << fused;
-      EXPECT_EQ(field(fused, "blocks"), B * cfg.H / hpb) << fused;
-    }
-  }
-}
-
-// The plans of decode and the fused step for Qwen3-Next's heads at B = 1, KV, pool addressing,
-// without the cache: {decode's, fused's} plan text.
-std::pair<std::string, std::string> kv_plans_b1(int64_t T, DLDataType sd, uint64_t seed) {
-  Config cfg = base(Addressing::kPool, 1, T);
-  cfg.qwen3_next_heads();
-  cfg.layout = StateLayout::kKV;
-  cfg.state_dtype = sd;
-  cfg.conv_inter = false;
+// The CUDA planner's descriptions (src/backends.h) for cfg: {decode's plan for the same recurrence
+// (the same shapes without the conv and the norm), the fused step's}, each after a successful
+// call; empty where the call's problem did not build.
+std::pair<std::string, std::string> cuda_plans(const Config& cfg, uint64_t seed) {
   std::string fused, step;
   Case got = make_case(cfg, seed);
   const Status st = run_fused(Backend::kCuda, got, [&](FusedDecodeArgs& a) {
@@ -654,37 +599,69 @@ std::pair<std::string, std::string> kv_plans_b1(int64_t T, DLDataType sd, uint64
   return {step, fused};
 }
 
-bool starts_with_kv_vt(const std::string& plan) { return plan.rfind("kv-vt", 0) == 0; }
-
-// Under the kv_vt. ctest prefix (GDN_CUDA_KV_VT=2, tests/CMakeLists.txt) the forced kernel is the
-// one planned, for decode and the fused step, so that the prefix's tests run it rather than a
-// fallback: decode at every KV shape here (Qwen3-Next heads, B = 1: the small 16-bit tiles too),
-// the fused step where it stores the state from registers (fp32: two or four rows per thread).
-TEST(CudaKvVt, ForcedPlansTakeIt) {
+// The planner's description (src/backends.h, for gdn bench's rows) names the kernel that runs,
+// and its fields agree with the plan's own arithmetic. (The serving batches check these plans'
+// results against the oracle.)
+TEST(CudaFused, PlanDescriptionNamesTheKernel) {
   if (std::string why = backend_unavailable(Backend::kCuda); !why.empty()) GTEST_SKIP() << why;
-  const char* const mode = std::getenv("GDN_CUDA_KV_VT");
-  if (mode == nullptr || std::string(mode) != "2")
-    GTEST_SKIP() << "checks the forced plans: runs under the kv_vt. ctest prefix (GDN_CUDA_KV_VT=2)";
   const uint64_t seed = test_seed();
-  for (const int64_t T : {int64_t{1}, int64_t{4}}) {
-    for (const DLDataType sd : {kFloat32, kBFloat16}) {
-      SCOPED_TRACE("T = " + std::to_string(T) + (sd.bits == 32 ? " fp32" : " bf16"));
-      const auto [step, fused] = kv_plans_b1(T, sd, seed);
-      EXPECT_TRUE(starts_with_kv_vt(step)) << step;
-      if (sd.bits == 32) {
-        EXPECT_TRUE(starts_with_kv_vt(fused)) << fused;
-      }
+  const auto field = [](const std::string& s, const std::string& name) {
+    const size_t at = s.find(" " + name + "=");
+    return at == std::string::npos ? int64_t{-1} : std::stoll(s.substr(at + name.size() + 2));
+  };
+  for (const int64_t B : {int64_t{1}, int64_t{34}}) {
+    SCOPED_TRACE("B = " + std::to_string(B));
+    Config cfg = base(Addressing::kPool, B, 1);
+    cfg.qwen3_next_heads();
+    cfg.state_dtype = kBFloat16;
+    cfg.conv_inter = false;
+    const auto [step, fused] = cuda_plans(cfg, seed);
+    ASSERT_FALSE(fused.empty());
+    EXPECT_EQ(step.rfind("vk", 0), 0u) << step;  // a VK kernel family
+    EXPECT_GT(field(step, "blocks"), 0) << step;
+    if (B == 1) {
+      // The cluster form: one block per value head of the GVA group (two), one cluster per q/k head.
+      EXPECT_EQ(fused.rfind("vk-tile", 0), 0u) << fused;
+      EXPECT_EQ(field(fused, "cluster"), 2) << fused;
+    } else {
+      // 35.7 MB of state: the group kernel on any GPU of at most 232 SMs, with one or two q/k heads
+      // per block by the grid's waves.
+      EXPECT_EQ(fused.rfind("group ", 0), 0u) << fused;
+      const int64_t hpb = field(fused, "hpb");
+      EXPECT_TRUE(hpb == 1 || hpb == 2) << fused;
+      EXPECT_EQ(field(fused, "blocks"), B * cfg.H / hpb) << fused;
     }
   }
 }
 
-// Without knobs, the measured rule (kv_vt_pays, plan_fused_kv_vt; src/cuda/decode_cuda.cu) takes
-// the kernel at B = 1 for decode at fp32 and bf16 (the small 16-bit tiles), and for the fused
-// step at fp32 from T = 2 only (at T = 1 the fused KV tile kernel is faster).
-TEST(CudaKvVt, RuleTakesItAtBatchOne) {
+// cuda_plans for Qwen3-Next's heads at B = 1, KV, pool addressing, without the cache.
+std::pair<std::string, std::string> kv_plans_b1(int64_t T, DLDataType sd, uint64_t seed) {
+  Config cfg = base(Addressing::kPool, 1, T);
+  cfg.qwen3_next_heads();
+  cfg.layout = StateLayout::kKV;
+  cfg.state_dtype = sd;
+  cfg.conv_inter = false;
+  return cuda_plans(cfg, seed);
+}
+
+bool starts_with_kv_vt(const std::string& plan) { return plan.rfind("kv-vt", 0) == 0; }
+
+// The plans take decode_kv_vt_kernel where they should (Qwen3-Next heads, B = 1, T = 1 and 4, fp32
+// and bf16):
+// - under the kv_vt. ctest prefix (GDN_CUDA_KV_VT=2, tests/CMakeLists.txt), forced: decode at
+//   every shape here (the small 16-bit tiles too) and the fused step where it stores the state
+//   from registers (fp32), so that the prefix's tests run it rather than a fallback;
+// - without knobs, the measured rule (kv_vt_pays, plan_fused_kv_vt; src/cuda/decode_cuda.cu):
+//   decode at every shape here too, the fused step at fp32 from T = 2 only (at T = 1 the fused KV
+//   tile kernel is faster).
+TEST(CudaKvVt, PlansTakeIt) {
   if (std::string why = backend_unavailable(Backend::kCuda); !why.empty()) GTEST_SKIP() << why;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::string_view(*e).rfind("GDN_CUDA_", 0) == 0) GTEST_SKIP() << "checks the default rule; " << *e << " is set";
+  const char* const mode = std::getenv("GDN_CUDA_KV_VT");
+  const bool forced = mode != nullptr && std::string(mode) == "2";
+  for (char** e = environ; !forced && *e != nullptr; ++e) {
+    if (std::string_view(*e).rfind("GDN_CUDA_", 0) == 0)
+      GTEST_SKIP() << "checks the forced plans (GDN_CUDA_KV_VT=2) or the default rule (no GDN_CUDA_ knob); "
+                   << *e << " is set";
   }
   const uint64_t seed = test_seed();
   for (const int64_t T : {int64_t{1}, int64_t{4}}) {
@@ -692,7 +669,11 @@ TEST(CudaKvVt, RuleTakesItAtBatchOne) {
       SCOPED_TRACE("T = " + std::to_string(T) + (sd.bits == 32 ? " fp32" : " bf16"));
       const auto [step, fused] = kv_plans_b1(T, sd, seed);
       EXPECT_TRUE(starts_with_kv_vt(step)) << step;
-      EXPECT_EQ(starts_with_kv_vt(fused), sd.bits == 32 && T > 1) << fused;
+      if (!forced) {
+        EXPECT_EQ(starts_with_kv_vt(fused), sd.bits == 32 && T > 1) << fused;
+      } else if (sd.bits == 32) {
+        EXPECT_TRUE(starts_with_kv_vt(fused)) << fused;
+      }
     }
   }
 }
