@@ -3,7 +3,7 @@
 # calls and has no network: header-only Debian packages travel in .deps, fetched here with
 # `scripts/setup.sh --download .deps`). Logs go to $OUT; a short table is printed last.
 #   scripts/gpu_check.sh [stage ...]   stages: build test run sanitize python bench quickbench fusedbench
-#                                      groupbench kvvtbench
+#                                      groupbench kvvtbench kvvtprof
 # COMMIT names the commit under test in the benchmark JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ scripts/setup.sh --unpack .deps >/dev/null
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$OUT/device.txt" 2>&1
 
 if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench || has groupbench ||
-  has kvvtbench; then
+  has kvvtbench || has kvvtprof; then
   t0=$SECONDS
   # GDN_BUILD_TESTS=ON stated: a warm machine may keep a build folder configured without them.
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DGDN_BUILD_TESTS=ON \
@@ -145,6 +145,37 @@ for k in sorted({k for (_, k) in best if k[3] == "KV"}):
     a, b, vk = best.get(("off", k)), best.get(("on", k)), best.get(("off", k[:3] + ("VK",) + k[4:]))
     if a and b and vk and plan[("on", k)].startswith("kv-vt"):
         print(*k[:3], *k[4:], f"{a:.2f} us ({plan[('off', k)]}), {b:.2f} us, {b / a:.3f}, {b / vk:.3f}")
+PY
+fi
+if has kvvtprof; then
+  # ncu on decode_kv_vt_kernel (forced) and VK's tile kernel, same cells (KVVT_PROF: state,T,B of
+  # Qwen3-Next; `gdn run --slots pool`, so no per-token stores: `gdn bench` under ncu fails), one
+  # launch after a warm-up: time, instructions, issue rate and the stall reasons per issued
+  # instruction, a line per kernel; the whole reports in $OUT/prof-*.txt.
+  for cell in ${KVVT_PROF:-bf16,1,16 bf16,1,64 fp32,1,64 bf16,2,256}; do
+    IFS=, read -r st t b <<< "$cell"
+    for lay in KV VK; do
+      GDN_CUDA_KV_VT=2 timeout 150 ncu --section SpeedOfLight --section LaunchStats --section Occupancy \
+        --section WarpStateStats --section InstructionStats \
+        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+        -k 'regex:decode_(kv_vt|vk_tile)' --launch-skip 1 --launch-count 1 \
+        ./$B/gdn run --model qwen3-next --layout $lay --state "$st" --tokens "$t" --batch "$b" --slots pool --steps 3 \
+        > "$OUT/prof-$lay-$st-T$t-B$b.txt" 2>&1
+    done
+  done
+  note "kvvtprof done"
+  python3 - "$OUT" <<'PY'
+import glob, re, sys
+def num(s):
+    return float(s.replace(",", ""))
+for f in sorted(glob.glob(sys.argv[1] + "/prof-*.txt")):
+    text = open(f).read()
+    get = lambda name: " ".join((re.findall(r"^\s*" + re.escape(name) + r"\s+(\S+)\s+([\d.,]+)\s*$", text, re.M) or [("?", "nan")])[0][::-1])
+    stalls = {m.group(1): num(m.group(2)) for m in re.finditer(
+        r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio\s+\S*\s+([\d.,]+)", text)}
+    top = ", ".join(f"{k} {v:.2f}" for k, v in sorted(stalls.items(), key=lambda kv: -kv[1])[:5])
+    print(f.rsplit("/", 1)[1][5:-4], "|", get("Duration"), "| inst", get("Executed Instructions"),
+          "| cpi", get("Warp Cycles Per Issued Instruction"), "| regs", get("Registers Per Thread"), "|", top)
 PY
 fi
 if has quickbench; then
