@@ -1134,8 +1134,8 @@ bool group_past_cluster_wave(const FusedProblem& f, LaunchPlan& lp) {
 // rounding seed. Measured on the H200 (86a1407, forced against never, as kv_vt_pays), against
 // the fused step's KV kernels: fp32 at B = 1 (32 and 64 heads) without the cache, T = 2..8,
 // 0.74-0.96x; everywhere else slower: T = 1 and the cache at B = 1 0.98-1.22x, from B = 16
-// 0.93-1.66x (the group kernel; ncu at fp32 T = 4 B = 256 with the cache: 30% more cycles than
-// decode's kv-vt on the same grid, L1 75% busy and DRAM 46%, against VK's group kernel at 73%).
+// 0.93-1.66x against the group kernel, about what the KV tile kernel's cluster form cost against
+// it (fp32 T = 4 B = 256: 1.44x, 1.45x at 73b8773): the cluster form's cost, not the tile's.
 template <typename S>
 bool plan_fused_kv_vt(const FusedProblem& f, LaunchPlan& lp) {
   const Problem& p = f.step;
