@@ -746,16 +746,22 @@ bool kv_vt_pays(const Problem& p) {
   if (heads <= kKvVtMaxSmallHeads) return true;
   return stores ? heads >= kKvVtMinHeadsCache : (p.T == 2 || p.T == 4) && heads <= kKvVtMaxHeadsMid;
 }
+// VK's tile plan (with f, its fused plan) for decode_kv_vt_kernel, into c: where the copy-in fits
+// the block and, if `direct`, the kernel stores the state from registers.
+template <typename S>
+bool plan_kv_vt_tile(const Problem& p, const FusedProblem* f, bool direct, LaunchPlan& c) {
+  if (!plan_vk_tile<S>(p, c, f, 0, false) || !kv_tile_copy_fits<S>(c) ||
+      (direct && !kv_vt_stores_direct(static_cast<int>(p.K), c.rows_per_thread, static_cast<int>(sizeof(S)))))
+    return false;
+  c.kv_vt = true;
+  return true;
+}
 template <typename S>
 bool plan_kv_vt(const Problem& p, LaunchPlan& lp) {
   if (p.rounding_seed != nullptr || !kv_vt_pays(p)) return false;
   LaunchPlan c;
-  if (!plan_vk_tile<S>(p, c, nullptr, 0, false) || !kv_tile_copy_fits<S>(c)) return false;
   // The cache and per-token slots only where the kernel stores from registers.
-  if (stores_token_states(p) &&
-      !kv_vt_stores_direct(static_cast<int>(p.K), c.rows_per_thread, static_cast<int>(sizeof(S))))
-    return false;
-  c.kv_vt = true;
+  if (!plan_kv_vt_tile<S>(p, nullptr, stores_token_states(p), c)) return false;
   lp = c;
   return true;
 }
@@ -1144,11 +1150,9 @@ bool plan_fused_kv_vt(const FusedProblem& f, LaunchPlan& lp) {
                             stores_token_states(p)))
     return false;
   LaunchPlan c;
-  if (!plan_vk_tile<S>(p, c, &f) || !kv_tile_copy_fits<S>(c) ||
-      !kv_vt_stores_direct(static_cast<int>(p.K), c.rows_per_thread, static_cast<int>(sizeof(S))) ||
-      c.cluster > kMaxFusedCluster || (c.cluster > 8 && c.smem > kBigClusterSmemMax))
+  if (!plan_kv_vt_tile<S>(p, &f, true, c) || c.cluster > kMaxFusedCluster ||
+      (c.cluster > 8 && c.smem > kBigClusterSmemMax))
     return false;
-  c.kv_vt = true;
   lp = c;
   return true;
 }

@@ -1,6 +1,7 @@
 // Host launchers of the fused step (the cluster form: the tile kernels of vk.cuh and kv.cuh with
-// Fuse<kNorm>, and for the KV layout decode_kv_vt_kernel too; the group kernel of group.cuh) for one state dtype and layout; instantiated
-// in fused_<dtype>_<layout>.cu, the plan decided by decode_cuda.cu (plan_fused).
+// Fuse<kNorm>, and for the KV layout decode_kv_vt_kernel too; the group kernel of group.cuh) for
+// one state dtype and layout; instantiated in fused_<dtype>_<layout>.cu, the plan decided by
+// decode_cuda.cu (plan_fused).
 #pragma once
 
 #include "group.cuh"

@@ -797,7 +797,8 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   static_assert(RR == 1 || RR == 2 || RR == 4);
   static_assert(RR <= K / 16, "VkShape: at most L rows per thread");
   static_assert(!kDirect || RR <= 2);
-  static_assert(!Fz::kOn || (!kDirect && kv_vt_stores_direct(K, RR, sizeof(S))), "the fused step: stores from registers");
+  static_assert(!Fz::kOn || (!kDirect && kv_vt_stores_direct(K, RR, sizeof(S))),
+                "the fused step: stores from registers");
   using Sh = VkShape<S, K, 1>;
   constexpr int VE = Sh::VE, E = Sh::E, NV = Sh::NV, L = Sh::L, G = Sh::G;
   const Problem& p = Fz::step(prm);
