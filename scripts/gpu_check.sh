@@ -3,7 +3,7 @@
 # calls and has no network: header-only Debian packages travel in .deps, fetched here with
 # `scripts/setup.sh --download .deps`). Logs go to $OUT; a short table is printed last.
 #   scripts/gpu_check.sh [stage ...]   stages: build test run sanitize python bench quickbench fusedbench
-#                                      groupbench kvvtbench kvvtprof
+#                                      groupbench kvvtbench prof
 # COMMIT names the commit under test in the benchmark JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ scripts/setup.sh --unpack .deps >/dev/null
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$OUT/device.txt" 2>&1
 
 if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench || has groupbench ||
-  has kvvtbench || has kvvtprof; then
+  has kvvtbench || has prof; then
   t0=$SECONDS
   # GDN_BUILD_TESTS=ON stated: a warm machine may keep a build folder configured without them.
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DGDN_BUILD_TESTS=ON \
@@ -147,23 +147,25 @@ for k in sorted({k for (_, k) in best if k[3] == "KV"}):
         print(*k[:3], *k[4:], f"{a:.2f} us ({plan[('off', k)]}), {b:.2f} us, {b / a:.3f}, {b / vk:.3f}")
 PY
 fi
-if has kvvtprof; then
-  # ncu on decode_kv_vt_kernel (forced) and VK's tile kernel, same cells (KVVT_PROF: state,T,B of
-  # Qwen3-Next; `gdn run --slots pool`, so no per-token stores: `gdn bench` under ncu fails), one
-  # launch after a warm-up: time, instructions, issue rate and the stall reasons per issued
-  # instruction, a line per kernel; the whole reports in $OUT/prof-*.txt.
-  for cell in ${KVVT_PROF:-bf16,1,16 bf16,1,64 fp32,1,64 bf16,2,256}; do
-    IFS=, read -r st t b <<< "$cell"
-    for lay in KV VK; do
-      GDN_CUDA_KV_VT=2 timeout 150 ncu --section SpeedOfLight --section LaunchStats --section Occupancy \
-        --section WarpStateStats --section InstructionStats \
-        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
-        -k 'regex:decode_(kv_vt|vk_tile)' --launch-skip 1 --launch-count 1 \
-        ./$B/gdn run --model qwen3-next --layout $lay --state "$st" --tokens "$t" --batch "$b" --slots pool --steps 3 \
-        > "$OUT/prof-$lay-$st-T$t-B$b.txt" 2>&1
-    done
+if has prof; then
+  # ncu on one launch (after a warm-up) of the decode kernels of each PROF cell
+  # "layout,state,T,B" (Qwen3-Next; `gdn run --slots pool`, so no per-token stores: `gdn bench`
+  # under ncu fails), with PROF_ENV's knobs, kernels matching PROF_KERNELS: time, DRAM
+  # throughput, instructions, issue rate, registers and the top stall reasons per issued
+  # instruction, a line per kernel; the whole reports in $OUT/prof-*.txt. The default: kv-vt
+  # forced against VK's tile kernel on the same cells (the lean form's and the TMA tile's
+  # question, docs/design.md). E.g. the chunked kernels at T = 8:
+  #   PROF="VK,bf16,8,512 KV,bf16,8,512" PROF_ENV= PROF_KERNELS='regex:decode_' scripts/gpu_check.sh prof
+  for cell in ${PROF:-KV,bf16,1,16 VK,bf16,1,16 KV,bf16,1,64 VK,bf16,1,64 KV,fp32,1,64 VK,fp32,1,64 KV,bf16,2,256 VK,bf16,2,256}; do
+    IFS=, read -r lay st t b <<< "$cell"
+    env ${PROF_ENV-GDN_CUDA_KV_VT=2} timeout 150 ncu --section SpeedOfLight --section LaunchStats --section Occupancy \
+      --section WarpStateStats --section InstructionStats \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+      -k "${PROF_KERNELS:-regex:decode_(kv_vt|vk_tile)}" --launch-skip 1 --launch-count 1 \
+      ./$B/gdn run --model qwen3-next --layout "$lay" --state "$st" --tokens "$t" --batch "$b" --slots pool --steps 3 \
+      > "$OUT/prof-$lay-$st-T$t-B$b.txt" 2>&1
   done
-  note "kvvtprof done"
+  note "prof done"
   python3 - "$OUT" <<'PY'
 import glob, re, sys
 def num(s):
@@ -174,8 +176,9 @@ for f in sorted(glob.glob(sys.argv[1] + "/prof-*.txt")):
     stalls = {m.group(1): num(m.group(2)) for m in re.finditer(
         r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio\s+\S*\s+([\d.,]+)", text)}
     top = ", ".join(f"{k} {v:.2f}" for k, v in sorted(stalls.items(), key=lambda kv: -kv[1])[:5])
-    print(f.rsplit("/", 1)[1][5:-4], "|", get("Duration"), "| inst", get("Executed Instructions"),
-          "| cpi", get("Warp Cycles Per Issued Instruction"), "| regs", get("Registers Per Thread"), "|", top)
+    print(f.rsplit("/", 1)[1][5:-4], "|", get("Duration"), "| dram", get("DRAM Throughput"), "| inst",
+          get("Executed Instructions"), "| cpi", get("Warp Cycles Per Issued Instruction"), "| regs",
+          get("Registers Per Thread"), "|", top)
 PY
 fi
 if has quickbench; then
