@@ -501,6 +501,28 @@ struct KvVtTile {
   }
 };
 
+// How many of a tile's RT rows (VK) or columns (KV) from row0 lie inside the head's V, as an int
+// (the walks' per-piece checks in 32 bits).
+__device__ __forceinline__ int tile_extent(int64_t V, int64_t row0, int RT) {
+  return static_cast<int>(V - row0 < RT ? V - row0 : RT);
+}
+
+// The 16-byte pieces (r, c), r < rows, c < pr, of a tile moved by nthreads threads (this one
+// tid), pr dividing nthreads: the thread keeps one piece column c = tid % pr and steps over the
+// rows r = tid / pr, + nthreads / pr, .., and f(r, c, g) gets the piece's global address g =
+// g0 + r * gs + c * VE as a running pointer. So the division, whatever depends on the column
+// alone and the 64-bit address arithmetic leave the loop: the walk as `i = tid .. rows * pr`
+// with r = i / pr took ~33 instructions per piece (SASS of the chunked kernel's copy-in, bf16
+// K = 128), the running form ~6-8. Every tile copy and store pass walks its pieces this way.
+template <int VE, typename G, typename F>
+__device__ __forceinline__ void tile_piece_walk(int tid, int nthreads, int rows, int pr, G* g0, int64_t gs, F f) {
+  const int c = tid % pr, rstep = nthreads / pr;
+  int r = tid / pr;
+  G* g = g0 + r * gs + c * VE;
+  const int64_t gstep = rstep * gs;
+  for (; r < rows; r += rstep, g += gstep) f(r, c, g);
+}
+
 // The tile kernels' prologue (VK tile and chunked kernels): returns false when the block's row
 // is padding or invalid (its outputs are zeroed; nothing else to do). Afterwards the state tile
 // (RT rows of head hv from row0), the converted inputs and the gates are in shared memory and
@@ -533,7 +555,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   const int T = static_cast<int>(p.T);  // <= geo.chunk (host-checked)
   warm_params(prm);
   if (geo.prefetch) {
-    const int rows = static_cast<int>(p.V - row0 < RT ? p.V - row0 : RT);
+    const int rows = tile_extent(p.V, row0, RT);
     if constexpr (kKv) {  // K rows of the tile's columns
       prefetch_state_l2(p, n, hv, 0, K, row0, rows * static_cast<int>(sizeof(S)), tid, kVkThreads);
     } else {
@@ -593,42 +615,34 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   }
 
   if constexpr (kKv) {
-    const S* src = head_src + slots.read * ss0;
     const ChunkTile<S, K, true> tile(tile_s, RT);
     const KvVtTile<S> vt(tile_s, RT);
-    // Pieces i = tid, tid + kVkThreads, ... of K rows of PRk: as PRk divides the block
-    // (kv_tile_copy_fits, decode_cuda.cu), a thread keeps one piece column c and steps over rows
-    // k. The division by the runtime PRk, the column check and the source's 64-bit address then
-    // leave the loop (SASS: 852 -> ~420 instructions per warp at bf16 RT = 128).
-    const int PRk = RT / VE;  // pieces per tile row k
-    const int c = tid % PRk, kstep = kVkThreads / PRk;
-    const bool in_v = row0 + c * VE < p.V;
-    const S* s = src + static_cast<int64_t>(tid / PRk) * ss2 + c * VE;
-    const int64_t sstep = kstep * ss2;
-    for (int k = tid / PRk; k < K; k += kstep, s += sstep) {
+    // K rows k of RT / VE pieces, which divide the block (kv_tile_copy_fits, decode_cuda.cu).
+    const int vin = tile_extent(p.V, row0, RT);
+    tile_piece_walk<VE>(tid, kVkThreads, K, RT / VE, head_src + slots.read * ss0, ss2, [&](int k, int c, const S* g) {
       S* const dst = kChunked ? tile.elem(c * VE, k) : vt.piece(c, k);
-      if (in_v) {
-        cp_async16(dst, s);
+      if (c * VE < vin) {
+        cp_async16(dst, g);
       } else {
         st_shared_zero16(dst);
       }
-    }
+    });
     cp_async_commit();
   } else if (bulk) {
     if (tid == 0)
       bulk_load(tile_s, head_src + slots.read * ss0, static_cast<unsigned>(RT * K * sizeof(S)), bulk_bar);
     cp_async_commit();  // an empty group: the callers' group counts stay as they are
   } else {
-    const S* src = head_src + slots.read * ss0;
-    for (int i = tid; i < RT * PR; i += kVkThreads) {
-      const int r = i / PR, c = i % PR;
+    // RT rows of PR pieces (a power of two up to 64: it divides the block).
+    const int vin = tile_extent(p.V, row0, RT);
+    tile_piece_walk<VE>(tid, kVkThreads, RT, PR, head_src + slots.read * ss0, ss2, [&](int r, int c, const S* g) {
       S* const dst = tile_s + r * K + (kChunked ? c ^ (r & 7) : c) * VE;
-      if (row0 + r < p.V) {
-        cp_async16(dst, src + r * ss2 + c * VE);
+      if (r < vin) {
+        cp_async16(dst, g);
       } else {
         st_shared_zero16(dst);
       }
-    }
+    });
     cp_async_commit();
   }
 
@@ -921,13 +935,11 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   __syncthreads();  // every column's final state in the tile
   const KvVtTile<S> tile(tile_s, RT);
   S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + row0;
-  const int64_t ks = p.state.s[2];
-  const int PRk = RT / VE;
-  for (int i = tid; i < K * PRk; i += kVkThreads) {
-    const int k = i / PRk, c = i % PRk;
-    if (row0 + c * VE < p.V)
-      store_state_vec<S, true>(dst + k * ks + c * VE, *reinterpret_cast<const Packed<S>*>(tile.piece(c, k)));
-  }
+  // K rows k of RT / VE pieces, which divide the block (kv_tile_copy_fits), as the copy-in.
+  const int vin = tile_extent(p.V, row0, RT);
+  tile_piece_walk<VE>(tid, kVkThreads, K, RT / VE, dst, p.state.s[2], [&](int k, int c, S* g) {
+    if (c * VE < vin) store_state_vec<S, true>(g, *reinterpret_cast<const Packed<S>*>(tile.piece(c, k)));
+  });
 }
 
 }  // namespace gdn::detail::cuda

@@ -548,29 +548,27 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
 
   // P4: the warp's rows to the pool, 16-byte pieces in order (coalesced). KV: the warp's
   // columns of every row k, 16 / VE pieces (32 or 64 contiguous bytes) per row.
-  if constexpr (kKv) {
-    constexpr int PM = 16 / VE;  // pieces of an m-tile's 16 columns
-    S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + row0;
-    for (int mt = warp; mt < mts; mt += kWarps) {
-      for (int i = lane; i < K * PM; i += 32) {
-        const int k = i / PM, c = mt * PM + i % PM;
-        if (row0 + c * VE >= p.V) continue;
-        Packed<S> v;
-        v.u = *reinterpret_cast<const uint4*>(tile.elem(c * VE, k));
-        store_state_vec<S, true>(dst + k * p.state.s[2] + c * VE, v);
-      }
-    }
-    return;
-  }
   S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] +
-                 row0 * p.state.s[2];
+                 (kKv ? row0 : row0 * p.state.s[2]);
+  const int64_t ss2 = p.state.s[2];
+  const int vin = tile_extent(p.V, row0, RT);
   for (int mt = warp; mt < mts; mt += kWarps) {
-    for (int i = lane; i < 16 * CH; i += 32) {
-      const int r = mt * 16 + i / CH, c = i % CH;
-      if (row0 + r >= p.V) continue;
-      Packed<S> v;
-      v.u = *reinterpret_cast<const uint4*>(tile.elem(r, c * VE));
-      store_state_vec<S, true>(dst + r * p.state.s[2] + c * VE, v);
+    if constexpr (kKv) {
+      constexpr int PM = 16 / VE;  // pieces of an m-tile's 16 columns
+      tile_piece_walk<VE>(lane, 32, K, PM, dst + mt * 16, ss2, [&](int k, int c, S* g) {
+        if (mt * 16 + c * VE >= vin) return;
+        Packed<S> v;
+        v.u = *reinterpret_cast<const uint4*>(tile.elem(mt * 16 + c * VE, k));
+        store_state_vec<S, true>(g, v);
+      });
+    } else {
+      static_assert(32 % CH == 0, "P4: a warp's lanes keep one piece column each");
+      tile_piece_walk<VE>(lane, 32, 16, CH, dst + mt * 16 * ss2, ss2, [&](int r, int c, S* g) {
+        if (mt * 16 + r >= vin) return;
+        Packed<S> v;
+        v.u = *reinterpret_cast<const uint4*>(tile.elem(mt * 16 + r, c * VE));
+        store_state_vec<S, true>(g, v);
+      });
     }
   }
 }
