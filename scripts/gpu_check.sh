@@ -159,7 +159,11 @@ if has prof; then
   # instruction, a line per kernel; the whole reports in $OUT/prof-*.txt. The default: kv-vt
   # forced against VK's tile kernel on the same cells (the lean form's and the TMA tile's
   # question, docs/design.md). E.g. the chunked kernels at T = 8:
-  #   PROF="VK,bf16,8,512 KV,bf16,8,512" PROF_ENV= PROF_KERNELS='regex:decode_' scripts/gpu_check.sh prof
+  #   PROF="VK,bf16,8,64 KV,bf16,8,64" PROF_ENV= PROF_KERNELS='regex:decode_' scripts/gpu_check.sh prof
+  # B = 64 profiles the same blocks as B = 512 in a fifth of the time (the pool's setup and the
+  # checks grow with B: ~100 s a cell at B = 512). PROF_SOURCE=1 adds ncu's source page (executed
+  # instructions and stall samples per SASS instruction) as $OUT/prof-sass.tgz, each cell's
+  # phases summarized by bench/sass_phases.py.
   for cell in ${PROF:-KV,bf16,1,16 VK,bf16,1,16 KV,bf16,1,64 VK,bf16,1,64 KV,fp32,1,64 VK,fp32,1,64 KV,bf16,2,256 VK,bf16,2,256}; do
     IFS=, read -r lay st t b <<< "$cell"
     env ${PROF_ENV-GDN_CUDA_KV_VT=2} timeout 150 ncu --section SpeedOfLight --section LaunchStats --section Occupancy \
@@ -168,7 +172,17 @@ if has prof; then
       -k "${PROF_KERNELS:-regex:decode_(kv_vt|vk_tile)}" --launch-skip 1 --launch-count 1 \
       ./$B/gdn run --model qwen3-next --layout "$lay" --state "$st" --tokens "$t" --batch "$b" --slots pool --steps 3 \
       > "$OUT/prof-$lay-$st-T$t-B$b.txt" 2>&1
+    if [ -n "${PROF_SOURCE:-}" ]; then
+      env ${PROF_ENV-GDN_CUDA_KV_VT=2} timeout 150 ncu --section SourceCounters --page source --print-source sass --csv \
+        -k "${PROF_KERNELS:-regex:decode_(kv_vt|vk_tile)}" --launch-skip 1 --launch-count 1 \
+        ./$B/gdn run --model qwen3-next --layout "$lay" --state "$st" --tokens "$t" --batch "$b" --slots pool --steps 3 \
+        > "$OUT/prof-$lay-$st-T$t-B$b-sass.csv" 2>&1
+      echo "== $cell"; python3 bench/sass_phases.py "$OUT/prof-$lay-$st-T$t-B$b-sass.csv"
+    fi
   done
+  if [ -n "${PROF_SOURCE:-}" ]; then
+    (cd "$OUT" && tar czf prof-sass.tgz prof-*-sass.csv && rm -f prof-*-sass.csv)
+  fi
   note "prof done"
   python3 - "$OUT" <<'PY'
 import glob, re, sys
