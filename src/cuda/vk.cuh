@@ -513,7 +513,8 @@ __device__ __forceinline__ int tile_extent(int64_t V, int64_t row0, int RT) {
 // g0 + r * gs + c * VE as a running pointer. So the division, whatever depends on the column
 // alone and the 64-bit address arithmetic leave the loop: the walk as `i = tid .. rows * pr`
 // with r = i / pr took ~33 instructions per piece (SASS of the chunked kernel's copy-in, bf16
-// K = 128), the running form ~6-8. Every tile copy and store pass walks its pieces this way.
+// K = 128), the running form ~13 with its zero fill. Every tile copy and store pass walks its
+// pieces this way.
 template <int VE, typename G, typename F>
 __device__ __forceinline__ void tile_piece_walk(int tid, int nthreads, int rows, int pr, G* g0, int64_t gs, F f) {
   const int c = tid % pr, rstep = nthreads / pr;
@@ -633,7 +634,8 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
       bulk_load(tile_s, head_src + slots.read * ss0, static_cast<unsigned>(RT * K * sizeof(S)), bulk_bar);
     cp_async_commit();  // an empty group: the callers' group counts stay as they are
   } else {
-    // RT rows of PR pieces (a power of two up to 64: it divides the block).
+    // RT rows of PR pieces.
+    static_assert(kVkThreads % PR == 0, "tile_piece_walk: a row's pieces divide the block");
     const int vin = tile_extent(p.V, row0, RT);
     tile_piece_walk<VE>(tid, kVkThreads, RT, PR, head_src + slots.read * ss0, ss2, [&](int r, int c, const S* g) {
       S* const dst = tile_s + r * K + (kChunked ? c ^ (r & 7) : c) * VE;
