@@ -3,7 +3,7 @@
 # calls and has no network: header-only Debian packages travel in .deps, fetched here with
 # `scripts/setup.sh --download .deps`). Logs go to $OUT; a short table is printed last.
 #   scripts/gpu_check.sh [stage ...]   stages: build test run sanitize python bench quickbench fusedbench
-#                                      groupbench kvvtbench prof
+#                                      groupbench kvvtbench prof abbench
 # COMMIT names the commit under test in the benchmark JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +18,25 @@ note() { summary+=("$1"); echo "== $1"; }
 scripts/setup.sh --unpack .deps >/dev/null
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader > "$OUT/device.txt" 2>&1
 
+# abbench's base: this tree with .ab-base's files over it (scripts/ab_base.sh REV wrote them; the
+# call carries .ab-base), its CLI built beside this tree's, in the background meanwhile.
+AB=/tmp/gdn-ab-base
+if has abbench; then
+  if [ -d .ab-base ]; then
+    rm -rf $AB && mkdir -p $AB && tar --exclude=./$B --exclude=./.ab-base --exclude=./.git -cf - . | tar -xf - -C $AB &&
+      (cd .ab-base && tar --exclude=./.deleted --exclude=./.rev -cf - .) | tar -xf - -C $AB &&
+      { [ ! -f .ab-base/.deleted ] || (cd $AB && xargs -r rm -f) < .ab-base/.deleted; }
+    (cmake -S $AB -B $AB/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DGDN_BUILD_TESTS=OFF \
+      -DGDN_GIT_COMMIT="$(cat .ab-base/.rev 2>/dev/null || echo base)" > "$OUT/build-base.log" 2>&1 &&
+      cmake --build $AB/b -j16 --target gdn_cli >> "$OUT/build-base.log" 2>&1) &
+    ab_pid=$!
+  else
+    note "abbench: no .ab-base (scripts/ab_base.sh REV writes it; carry it)"
+  fi
+fi
+
 if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench || has groupbench ||
-  has kvvtbench || has prof; then
+  has kvvtbench || has prof || has abbench; then
   t0=$SECONDS
   # The test suite only where a stage runs it (or `build` is named): the CLI alone builds in
   # about 115 s, which counts in a device session's short remainder. GDN_BUILD_TESTS stated
@@ -198,6 +215,45 @@ for f in sorted(glob.glob(sys.argv[1] + "/prof-*.txt")):
           get("Executed Instructions"), "| cpi", get("Warp Cycles Per Issued Instruction"), "| regs",
           get("Registers Per Thread"), "|", top)
 PY
+fi
+if has abbench && [ -n "${ab_pid:-}" ]; then
+  # This tree's CLI against the base's, alternated AB_RUNS times (min of the runs per cell), the
+  # runs' JSONs in $OUT/ab.tgz (ab-base-N.json, ab-tree-N.json). Printed:
+  # per kernel (this tree's plan), state and layout, the ratio tree / base as min, median and max,
+  # then every cell outside +-3%.
+  wait $ab_pid
+  rc=$?; note "abbench base build rc=$rc"
+  if [ $rc = 0 ]; then
+    args=${AB_ARGS:-"--model all --mode pool --layout all --state all --cache off --update on --T 1,2,4,8 --B 1,16,64,256,512"}
+    for r in $(seq ${AB_RUNS:-3}); do
+      $AB/b/gdn bench $args --json "$OUT/ab-base-$r.json" > "$OUT/ab-base-$r.log" 2>&1 || rc=1
+      ./$B/gdn bench $args --json "$OUT/ab-tree-$r.json" > "$OUT/ab-tree-$r.log" 2>&1 || rc=1
+    done
+    note "abbench rc=$rc"
+    python3 - "$OUT" <<'PY'
+import collections, glob, json, statistics, sys
+best, plan = {}, {}
+for f in glob.glob(sys.argv[1] + "/ab-*-*.json"):
+    which = f.rsplit("/", 1)[1].split("-")[1]
+    for r in json.load(open(f))["rows"]:
+        k = (r["op"], r["model"], r["state"], r["layout"], r["T"], r["B"], "cache" if r["cache"] else "-")
+        best[which, k] = min(best.get((which, k), float("inf")), r["us"])
+        if which == "tree":
+            plan[k] = r["plan"].split()[0]
+groups, out = collections.defaultdict(list), []
+for k in sorted(plan):
+    a, b = best.get(("base", k)), best.get(("tree", k))
+    if a and b:
+        groups[plan[k], k[2], k[3]].append(b / a)
+        if abs(b / a - 1) > 0.03:
+            out.append(f"  {' '.join(map(str, k))} ({plan[k]}): {a:.2f} -> {b:.2f} us, {b / a:.3f}")
+print("kernel state layout: cells, tree / base min median max")
+for g, v in sorted(groups.items()):
+    print(*g, f"{len(v)}: {min(v):.3f} {statistics.median(v):.3f} {max(v):.3f}")
+print("cells outside +-3%:", *out, sep="\n")
+PY
+    (cd "$OUT" && tar czf ab.tgz ab-* && rm -f ab-*.json ab-*.log)
+  fi
 fi
 if has quickbench; then
   ./$B/gdn bench --quick --json "$OUT/bench-quick.json" > "$OUT/bench-quick.log" 2>&1
