@@ -6,7 +6,8 @@ tensor-core operands are q and k split into n bf16 terms and the update weights 
 keeps the products whose term orders sum to at most p3; p3 = None: P3 exact, as fp32 FMAs).
 Everything else is exact, so the error is the split's alone. Reports, per T and n, the largest
 share of elements over 1 bf16 ulp and the largest error in ulps, with SPEC section 6's floor
-(2^-12 of the RMS) for small elements.
+(2^-12 of the RMS) for small elements. Last, decode's case (bf16 q and k): whether P3's weights
+could drop from three bf16 terms to two (they cannot: docs/design.md, "The tile walks").
 Usage: python3 bench/chunk_precision.py
 """
 import numpy as np
@@ -32,10 +33,12 @@ def ulps(got, ref):
     return np.abs(bf16(got) - bf16(ref)) / 2.0 ** (np.floor(np.log2(mag)) - 7)
 
 
-def one_head(rng, T, n, p3=2, V=128, K=128):
+def one_head(rng, T, n, p3=2, V=128, K=128, qk_bf16=False):
     S0 = bf16(rng.normal(0, 0.1, (V, K)))
     q = rng.normal(0, 1, (T, K)).astype(np.float32).astype(np.float64)
     k = rng.normal(0, 1, (T, K)).astype(np.float32).astype(np.float64)
+    if qk_bf16:  # decode's inputs: q and k in bf16, so one term holds them exactly
+        q, k = bf16(q), bf16(k)
     v = rng.normal(0, 1, (T, V))
     g = np.exp(-rng.uniform(0.01, 0.5, T))
     beta = 1 / (1 + np.exp(-rng.normal(0, 1, T)))
@@ -80,3 +83,9 @@ if __name__ == "__main__":
                     "exact" if p3 is None else "orders <= %d" % p3, T, n,
                     100 * max((e > 1).mean() for e, _ in res), max(e.max() for e, _ in res),
                     100 * max((e > 1).mean() for _, e in res), max(e.max() for _, e in res)))
+    # decode (bf16 q and k, one term each): P3's weights as three bf16 terms (p3 = 2) or two (p3 = 1)
+    for T in (4, 8, 16):
+        for p3 in (2, 1):
+            res = [one_head(rng, T, 1, p3, qk_bf16=True)[0] for _ in range(8)]
+            print("decode, bf16 q/k, T = %2d, weights as %d terms: state %.4f%% over 1 ulp, max %.1f" % (
+                T, p3 + 1, 100 * max((e > 1).mean() for e in res), max(e.max() for e in res)))
