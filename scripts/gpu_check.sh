@@ -126,17 +126,14 @@ if has groupbench; then
   done
   note "groupbench rc=$rc"
   python3 - "$OUT" <<'PY'
-import glob, json, sys
-best = {}
-for f in glob.glob(sys.argv[1] + "/group-*-?.json"):
-    which = f.rsplit("/", 1)[1].split("-")[1]
-    for r in json.load(open(f))["rows"]:
-        k = (r["model"], r["state"], r["T"], "cache" if r["cache"] else "-", r["B"])
-        best[which, k] = min(best.get((which, k), float("inf")), r["us"])
+import sys
+sys.path.insert(0, "bench")
+from ab_rows import best_runs
+best, _ = best_runs(sys.argv[1], "group")
 for k in sorted({k for (_, k) in best}):
     a, b = best.get(("off", k)), best.get(("rule", k))
     if a and b and abs(b / a - 1) > 0.01:
-        print(*k, f"off {a:.2f} us, planner {b:.2f} us, {b / a:.3f}")
+        print(*k[1:3], k[4], k[6], k[5], f"off {a:.2f} us, planner {b:.2f} us, {b / a:.3f}")
 PY
 fi
 if has kvvtbench; then
@@ -153,14 +150,10 @@ if has kvvtbench; then
   done
   note "kvvtbench rc=$rc"
   python3 - "$OUT" <<'PY'
-import glob, json, sys
-best, plan = {}, {}
-for f in glob.glob(sys.argv[1] + "/kvvt-*-?.json"):
-    which = f.rsplit("/", 1)[1].split("-")[1]
-    for r in json.load(open(f))["rows"]:
-        k = (r["op"], r["model"], r["state"], r["layout"], r["T"], r["B"], "cache" if r["cache"] else "-")
-        best[which, k] = min(best.get((which, k), float("inf")), r["us"])
-        plan[which, k] = r["plan"].split()[0]
+import sys
+sys.path.insert(0, "bench")
+from ab_rows import best_runs
+best, plan = best_runs(sys.argv[1], "kvvt")
 print("op model state T B cache: KV off (plan), kv-vt, kv-vt / off, kv-vt / VK")
 for k in sorted({k for (_, k) in best if k[3] == "KV"}):
     a, b, vk = best.get(("off", k)), best.get(("on", k)), best.get(("off", k[:3] + ("VK",) + k[4:]))
@@ -231,22 +224,17 @@ if has abbench && [ -n "${ab_pid:-}" ]; then
     done
     note "abbench rc=$rc"
     python3 - "$OUT" <<'PY'
-import collections, glob, json, statistics, sys
-best, plan = {}, {}
-for f in glob.glob(sys.argv[1] + "/ab-*-*.json"):
-    which = f.rsplit("/", 1)[1].split("-")[1]
-    for r in json.load(open(f))["rows"]:
-        k = (r["op"], r["model"], r["state"], r["layout"], r["T"], r["B"], "cache" if r["cache"] else "-")
-        best[which, k] = min(best.get((which, k), float("inf")), r["us"])
-        if which == "tree":
-            plan[k] = r["plan"].split()[0]
+import collections, statistics, sys
+sys.path.insert(0, "bench")
+from ab_rows import best_runs
+best, plan = best_runs(sys.argv[1], "ab")
 groups, out = collections.defaultdict(list), []
-for k in sorted(plan):
-    a, b = best.get(("base", k)), best.get(("tree", k))
+for k in sorted(k for (w, k) in plan if w == "tree"):
+    a, b, kern = best.get(("base", k)), best.get(("tree", k)), plan["tree", k]
     if a and b:
-        groups[plan[k], k[2], k[3]].append(b / a)
+        groups[kern, k[2], k[3]].append(b / a)
         if abs(b / a - 1) > 0.03:
-            out.append(f"  {' '.join(map(str, k))} ({plan[k]}): {a:.2f} -> {b:.2f} us, {b / a:.3f}")
+            out.append(f"  {' '.join(map(str, k))} ({kern}): {a:.2f} -> {b:.2f} us, {b / a:.3f}")
 print("kernel state layout: cells, tree / base min median max")
 for g, v in sorted(groups.items()):
     print(*g, f"{len(v)}: {min(v):.3f} {statistics.median(v):.3f} {max(v):.3f}")
