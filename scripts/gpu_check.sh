@@ -174,19 +174,19 @@ if has prof; then
   # checks grow with B: ~100 s a cell at B = 512). PROF_SOURCE=1 adds ncu's source page (executed
   # instructions and stall samples per SASS instruction) as $OUT/prof-sass.tgz, each cell's
   # phases summarized by bench/sass_phases.py.
+  # ncu ARGS... on the cell's second launch of the kernels under study.
+  prof_ncu() {
+    env ${PROF_ENV-GDN_CUDA_KV_VT=2} timeout 150 ncu "$@" -k "${PROF_KERNELS:-regex:decode_(kv_vt|vk_tile)}" \
+      --launch-skip 1 --launch-count 1 \
+      ./$B/gdn run --model qwen3-next --layout "$lay" --state "$st" --tokens "$t" --batch "$b" --slots pool --steps 3
+  }
   for cell in ${PROF:-KV,bf16,1,16 VK,bf16,1,16 KV,bf16,1,64 VK,bf16,1,64 KV,fp32,1,64 VK,fp32,1,64 KV,bf16,2,256 VK,bf16,2,256}; do
     IFS=, read -r lay st t b <<< "$cell"
-    env ${PROF_ENV-GDN_CUDA_KV_VT=2} timeout 150 ncu --section SpeedOfLight --section LaunchStats --section Occupancy \
-      --section WarpStateStats --section InstructionStats \
-      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
-      -k "${PROF_KERNELS:-regex:decode_(kv_vt|vk_tile)}" --launch-skip 1 --launch-count 1 \
-      ./$B/gdn run --model qwen3-next --layout "$lay" --state "$st" --tokens "$t" --batch "$b" --slots pool --steps 3 \
+    prof_ncu --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --section InstructionStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
       > "$OUT/prof-$lay-$st-T$t-B$b.txt" 2>&1
     if [ -n "${PROF_SOURCE:-}" ]; then
-      env ${PROF_ENV-GDN_CUDA_KV_VT=2} timeout 150 ncu --section SourceCounters --page source --print-source sass --csv \
-        -k "${PROF_KERNELS:-regex:decode_(kv_vt|vk_tile)}" --launch-skip 1 --launch-count 1 \
-        ./$B/gdn run --model qwen3-next --layout "$lay" --state "$st" --tokens "$t" --batch "$b" --slots pool --steps 3 \
-        > "$OUT/prof-$lay-$st-T$t-B$b-sass.csv" 2>&1
+      prof_ncu --section SourceCounters --page source --print-source sass --csv > "$OUT/prof-$lay-$st-T$t-B$b-sass.csv" 2>&1
       echo "== $cell"; python3 bench/sass_phases.py "$OUT/prof-$lay-$st-T$t-B$b-sass.csv"
     fi
   done
