@@ -36,9 +36,12 @@
 // 16-byte pieces swizzled for ldmatrix), then
 //   P0  (last warp, while the state tile is in flight) the Gram matrix of q and k (the raw
 //       rows as A) and the T x T tables of the solve;
-//   P1  warp w: the 16-row m-tiles w, w + 4, ...: acc = S0 [q_0..q_T-1, k_0..k_T-1] -> X;
-//   P2  thread per row: the solve, o_t stored, the update weights into X (in place);
-//   P3  warp w: its m-tiles' S = gamma * S0 + W K on tensor cores, rounded back into the tile;
+//   P1  warp w, for each of its 16-row m-tiles w, w + 4, ...: acc = S0 [q_0..q_T-1, k_0..k_T-1]
+//       in registers;
+//   P2  the same warp, each row across a quad of lanes: the solve, o_t stored, the update
+//       weights in the lanes that P3's A fragments need them in;
+//   P3  the same warp: the m-tile's S = gamma * S0 + W K on tensor cores, rounded back into the
+//       tile;
 //   P4  warp w: its rows from the tile to the pool with 16-byte stores.
 #pragma once
 
@@ -52,18 +55,13 @@ constexpr int kChunkTabFloats = 2 * kMaxChunk * kMaxChunk + 3 * kMaxChunk + 4;
 // Shared-memory layout of the chunked kernel (byte offsets), one definition for the host
 // planner (total) and the kernel (offsets). rt state rows of K elements of state_bytes each.
 struct VkChunkSmem {
-  int raw, x, tok, v, qk16, graw, tabs, total;
-  int xs, gs;  // row strides of X and Graw, floats
+  int raw, tok, v, qk16, graw, tabs, total;
+  int gs;  // row stride of Graw, floats
   static constexpr __host__ __device__ int up16(int b) { return (b + 15) / 16 * 16; }
   __host__ __device__ VkChunkSmem(int rt, int K, int T, int raw_bytes, int state_bytes) {
-    xs = 2 * T + 2;  // even, for the weight pairs of P3
     gs = 2 * T + 1;
     raw = up16(rt * K * state_bytes);  // the state tile first
-    // X reuses the raw staging area, dead once the prologue has converted it (one block fewer
-    // per SM otherwise at T = 8: 60 KB).
-    x = raw;
-    const int xb = up16(rt * xs * 4);
-    tok = raw + (raw_bytes > xb ? raw_bytes : xb);
+    tok = raw + up16(raw_bytes);
     v = tok + up16(T * kTokScalars * 4);
     qk16 = v + up16(T * rt * 4);
     graw = qk16 + up16((2 * T + 1) * (K + kQk16Pad) * 2);
@@ -132,14 +130,14 @@ __device__ __forceinline__ void split2_f16(uint32_t u, uint32_t& hi, uint32_t& l
 }
 
 // P0 / P1 for one 16-row m-tile: acc[np][h] = A (16 x K) times the columns np * 16 + h * 8 +
-// [0, 8) of [q_0..q_T-1, k_0..k_T-1] (qk16 rows; zero beyond 2T). a_frags(ks, a) gives the A
+// [0, 8) of qk16 rows as bcol maps them (P0: [q_0..q_T-1, k_0..k_T-1], zero beyond 2T; P1: q_t at
+// column t and k_t at TP + t). a_frags(ks, a) gives the A
 // fragments of k-step ks as NA terms whose products add: one for a bf16 tile (by ldmatrix), two
 // for an fp16 tile (split2_f16), three for an fp32 tile (each element split into three bf16
 // terms, 24 bits; q and k are bf16, so every product is exact and only the fp32 sums round).
-template <int K, int NA, typename AFrags>
-__device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AFrags a_frags, const uint16_t* qk,
-                                           const uint16_t* zrow, int T2, int np_count, int lane) {
-  constexpr int QKS = K + kQk16Pad;
+// bcol(col): the qk16 row (or the zero row) that column col of the product reads.
+template <int K, int NA, typename AFrags, typename BCol>
+__device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AFrags a_frags, BCol bcol, int np_count, int lane) {
 #pragma unroll
   for (int np = 0; np < 2; ++np)
 #pragma unroll
@@ -147,7 +145,7 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AFrags a_frags
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[np][h][i] = 0.f;
   // ldmatrix of B: lanes 0-7 columns 0-7 low k half, 8-15 columns 0-7 high half, 16-31 columns 8-15.
-  const int bcol = (lane & 7) + ((lane >> 4) << 3);
+  const int bcl = (lane & 7) + ((lane >> 4) << 3);
   const int bk = ((lane >> 3) & 1) << 3;
 #pragma unroll
   for (int ks = 0; ks < K / 16; ++ks) {
@@ -156,9 +154,8 @@ __device__ __forceinline__ void chunk_dots(float (&acc)[2][2][4], AFrags a_frags
 #pragma unroll
     for (int np = 0; np < 2; ++np) {
       if (np < np_count) {
-        const int col = np * 16 + bcol;
         uint32_t b[4];
-        ldsm_x4(b, (col < T2 ? qk + col * QKS : zrow) + ks * 16 + bk);
+        ldsm_x4(b, bcol(np * 16 + bcl) + ks * 16 + bk);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -241,7 +238,6 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
   sm.tok = reinterpret_cast<float*>(base + lay.tok);
   sm.v = reinterpret_cast<float*>(base + lay.v);
   sm.qk16 = reinterpret_cast<uint16_t*>(base + lay.qk16);
-  float* const X = reinterpret_cast<float*>(base + lay.x);
   float* const graw = reinterpret_cast<float*>(base + lay.graw);
   float* const Akk = reinterpret_cast<float*>(base + lay.tabs);
   float* const Aqk = Akk + kMaxChunk * kMaxChunk;
@@ -269,6 +265,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
   // The Gram matrix of the raw q and k rows (on tensor cores, the rows as A) and the T x T
   // tables of the solve need only the inputs: the last warp computes them while the state
   // tile is still in flight, off the block's critical path (after P1 they held the barrier).
+  const auto gram_col = [&](int col) { return col < T2 ? qk + col * QKS : zrow; };
   const auto gram_and_tables = [&]() {
     __syncthreads();  // qk16 and the per-token scalars written by every thread
     if (warp != kWarps - 1) return;
@@ -277,7 +274,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
       const int i = gt * 16 + arow;
       const uint16_t* const ap = (i < T2 ? qk + i * QKS : zrow) + (ahalf << 3);
       chunk_dots<K, 1>(
-          acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4(a[0], ap + ks * 16); }, qk, zrow, T2, np_count, lane);
+          acc, [&](int ks, uint32_t(&a)[1][4]) { ldsm_x4(a[0], ap + ks * 16); }, gram_col, np_count, lane);
       chunk_store_acc(acc, graw + gt * 16 * lay.gs, lay.gs, T2 - gt * 16, T2, np_count, lane);
     }
     __syncwarp();
@@ -327,92 +324,16 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     return [=](int ks) { return kKv ? base + ks * 16 * RT : base + (((ks * 2 + ahalf) ^ sw) << 3); };
   };
 
-  // P1: products of the state rows with all q_t and k_t.
-  {
-    float acc[2][2][4];
-    for (int mt = warp; mt < mts; mt += kWarps) {
-      if constexpr (kF32) {
-        // KV (fp32 is KV only): the lane's k are 2 t4 and 2 t4 + 1 modulo 8, four fixed places
-        // within a row k.
-        const int r = mt * 16 + g;
-        const int c00 = tile.kv_col(r, 2 * t4), c01 = tile.kv_col(r, 2 * t4 + 1);
-        const int c10 = tile.kv_col(r + 8, 2 * t4), c11 = tile.kv_col(r + 8, 2 * t4 + 1);
-        const auto a_pair = [&](int h, int k) {
-          const float* const row = tile_s + k * RT;
-          return h == 0 ? make_float2(row[c00], row[RT + c01]) : make_float2(row[c10], row[RT + c11]);
-        };
-        chunk_dots<K, 3>(
-            acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, qk, zrow, T2,
-            np_count, lane);
-      } else {
-        const auto a_at = a_blocks(mt);
-        const auto load = [&](int ks, uint32_t(&x)[4]) {
-          if constexpr (kKv) {
-            ldsm_x4_trans(x, a_at(ks));
-          } else {
-            ldsm_x4(x, a_at(ks));
-          }
-        };
-        if constexpr (kF16) {
-          chunk_dots<K, 2>(
-              acc,
-              [&](int ks, uint32_t(&a)[2][4]) {
-                uint32_t x[4];
-                load(ks, x);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) split2_f16(x[i], a[0][i], a[1][i]);
-              },
-              qk, zrow, T2, np_count, lane);
-        } else {
-          chunk_dots<K, 1>(acc, [&](int ks, uint32_t(&a)[1][4]) { load(ks, a[0]); }, qk, zrow, T2, np_count, lane);
-        }
-      }
-      chunk_store_acc(acc, X + mt * 16 * lay.xs, lay.xs, 16, T2, np_count, lane);
-    }
-  }
-  __syncthreads();
-
-  // P2: per row, d_t and o_t in token order; the update weights G_T-1,s rk_s d_s replace the
-  // row's products in X.
-  for (int r = tid; r < RT; r += kVkThreads) {
-    float* const xr = X + r * lay.xs;
-    float a[kMaxChunk], c[kMaxChunk], d[kMaxChunk];
-#pragma unroll
-    for (int t = 0; t < kMaxChunk; ++t) {
-      if (t < T) {
-        c[t] = xr[t];
-        a[t] = xr[T + t];
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kMaxChunk; ++t) {
-      if (t >= T) break;
-      float x = fmaf(-ga[t], a[t], sm.v[t * RT + r]);
-#pragma unroll
-      for (int s = 0; s < t; ++s) x = fmaf(-Akk[t * kMaxChunk + s], d[s], x);
-      d[t] = tok[t * kTokScalars + 4] * x;
-      float o = gc[t] * c[t];
-#pragma unroll
-      for (int s = 0; s <= t; ++s) o = fmaf(Aqk[t * kMaxChunk + s], d[s], o);
-      c[t] = o;  // stored after the loop, so no table load has to wait behind a global
-                 // store the compiler cannot prove distinct from shared memory
-    }
-#pragma unroll
-    for (int s = 0; s < kMaxChunk; ++s)
-      if (s < T) xr[s] = gw[s] * d[s];
-    const int64_t rv = row0 + r;
-    if (rv < p.V) {
-#pragma unroll
-      for (int t = 0; t < kMaxChunk; ++t)
-        if (t < T)
-          store_scalar(p.o.data, p.o.dtype, n * p.o.s[0] + t * p.o.s[1] + hv * p.o.s[2] + rv, c[t]);
-    }
-  }
-
+  // P1..P3 per m-tile, each warp's m-tiles in its own registers. P1's accumulators hold, in lane
+  // (g, t4), rows g and g + 8 of the m-tile and columns 8 h + 2 t4, + 1 of each 16-column block:
+  // with q_t in column t and k_t in column TP + t (TP = 8 up to T = 8, else 16; P1 reads the
+  // qk16 rows through p1_col), the lane holds S0 q_t and S0 k_t of its own tokens
+  // t_j = 8 (j >> 1) + 2 t4 + (j & 1), and those are the columns of P3's A fragment too. P2
+  // solves each row across its quad (the four lanes of rows g and g + 8): at token t the owner
+  // lane computes d_t and broadcasts it by shuffle, and every lane folds it into its tokens' sums.
+  // The operations and their order are the thread-per-row solve's, so are the results; no
+  // staging buffer between the phases and no block barrier.
   const int64_t wslot = p.update_state ? slots.write : -1;  // block-uniform
-  if (wslot < 0) return;
-  __syncthreads();
-
   // P3: S = gamma_T-1 * S0 + W K per m-tile, in place in the tile. A = the weights (16 rows x
   // 16 tokens, zero beyond T) as three bf16 terms; B = k rows by ldmatrix.trans (tokens beyond
   // T read the zero row); C starts as gamma * S0.
@@ -426,124 +347,233 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
   sr_lcg_jump(2 * t4 + 1, ja1, jc1);
   // ldmatrix.trans of B: the lane's row is token arow (the A-row pattern), columns + 8 * ahalf.
   const uint16_t* const bp = (arow < T ? qk + (T + arow) * QKS : zrow) + (ahalf << 3);
-  for (int mt = warp; mt < mts; mt += kWarps) {
-    const int rg = mt * 16 + g;
-    const float* const w0 = X + rg * lay.xs;
-    const float* const w1 = w0 + 8 * lay.xs;
-    const auto wv = [&](const float* w, int s) { return s < T ? w[s] : 0.f; };
-    uint32_t ah[4], am[4], al[4];
-    split3_bf16(wv(w0, 2 * t4), wv(w0, 2 * t4 + 1), ah[0], am[0], al[0]);
-    split3_bf16(wv(w1, 2 * t4), wv(w1, 2 * t4 + 1), ah[1], am[1], al[1]);
-    split3_bf16(wv(w0, 2 * t4 + 8), wv(w0, 2 * t4 + 9), ah[2], am[2], al[2]);
-    split3_bf16(wv(w1, 2 * t4 + 8), wv(w1, 2 * t4 + 9), ah[3], am[3], al[3]);
-    if constexpr (kF32) {
-      // fp32 (KV only): the C fragment (rows rg, rg + 8; columns 2 t4, 2 t4 + 1 of n-tile nt)
-      // sits in rows k = 8 nt + 2 t4 and k + 1 of the tile, at the lane's four fixed places
-      // (k mod 8 as in P1); the sums replace it as computed.
-      constexpr int NG = 8;
-      const int c00 = tile.kv_col(rg, 2 * t4), c01 = tile.kv_col(rg, 2 * t4 + 1);
-      const int c10 = tile.kv_col(rg + 8, 2 * t4), c11 = tile.kv_col(rg + 8, 2 * t4 + 1);
+  const int64_t obase = n * p.o.s[0] + hv * p.o.s[2] + row0;
+  const auto phases = [&](auto tp) {
+    constexpr int TP = decltype(tp)::value;
+    constexpr int NJ = TP / 4;  // tokens per lane
+    const auto p1_col = [&](int col) {
+      const int t = col < TP ? col : col - TP;
+      return t < T ? qk + (col < TP ? t : T + t) * QKS : zrow;
+    };
+    int tj[NJ];
 #pragma unroll
-      for (int n0 = 0; n0 < K / 8; n0 += NG) {
-        float2 u0[NG], u1[NG];
-#pragma unroll
-        for (int i = 0; i < NG; ++i) {
-          const float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
-          u0[i] = make_float2(row[c00], row[RT + c01]);
-          u1[i] = make_float2(row[c10], row[RT + c11]);
-        }
-#pragma unroll
-        for (int i = 0; i < NG; i += 2) {
-          uint32_t b[4];
-          ldsm_x4_trans(b, bp + (n0 + i) * 8);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float acc[4] = {gam_end * u0[i + h].x, gam_end * u0[i + h].y, gam_end * u1[i + h].x,
-                            gam_end * u1[i + h].y};
-            mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
-            mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
-            mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
-            u0[i + h] = make_float2(acc[0], acc[1]);
-            u1[i + h] = make_float2(acc[2], acc[3]);
+    for (int j = 0; j < NJ; ++j) tj[j] = 8 * (j >> 1) + 2 * t4 + (j & 1);
+    for (int mt = warp; mt < mts; mt += kWarps) {
+      float acc[2][2][4];
+        if constexpr (kF32) {
+          // KV (fp32 is KV only): the lane's k are 2 t4 and 2 t4 + 1 modulo 8, four fixed places
+          // within a row k.
+          const int r = mt * 16 + g;
+          const int c00 = tile.kv_col(r, 2 * t4), c01 = tile.kv_col(r, 2 * t4 + 1);
+          const int c10 = tile.kv_col(r + 8, 2 * t4), c11 = tile.kv_col(r + 8, 2 * t4 + 1);
+          const auto a_pair = [&](int h, int k) {
+            const float* const row = tile_s + k * RT;
+            return h == 0 ? make_float2(row[c00], row[RT + c01]) : make_float2(row[c10], row[RT + c11]);
+          };
+          chunk_dots<K, 3>(
+              acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, p1_col, TP / 8,
+              lane);
+        } else {
+          const auto a_at = a_blocks(mt);
+          const auto load = [&](int ks, uint32_t(&x)[4]) {
+            if constexpr (kKv) {
+              ldsm_x4_trans(x, a_at(ks));
+            } else {
+              ldsm_x4(x, a_at(ks));
+            }
+          };
+          if constexpr (kF16) {
+            chunk_dots<K, 2>(
+                acc,
+                [&](int ks, uint32_t(&a)[2][4]) {
+                  uint32_t x[4];
+                  load(ks, x);
+  #pragma unroll
+                  for (int i = 0; i < 4; ++i) split2_f16(x[i], a[0][i], a[1][i]);
+                },
+                p1_col, TP / 8, lane);
+          } else {
+            chunk_dots<K, 1>(acc, [&](int ks, uint32_t(&a)[1][4]) { load(ks, a[0]); }, p1_col, TP / 8, lane);
           }
         }
+
+      // P2.
+      float x[2][NJ], o[2][NJ], d[2][NJ];
 #pragma unroll
-        for (int i = 0; i < NG; ++i) {
-          float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
-          row[c00] = u0[i].x, row[RT + c01] = u0[i].y;
-          row[c10] = u1[i].x, row[RT + c11] = u1[i].y;
+      for (int e = 0; e < 2; ++e) {
+        const int r = mt * 16 + g + 8 * e;
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+          const float c = acc[j >> 2][(j >> 1) & 1][2 * e + (j & 1)];
+          const float a = acc[TP / 16 + (j >> 2)][(TP / 8 + (j >> 1)) & 1][2 * e + (j & 1)];
+          const bool in = tj[j] < T;
+          x[e][j] = in ? fmaf(-ga[tj[j]], a, sm.v[tj[j] * RT + r]) : 0.f;
+          o[e][j] = in ? gc[tj[j]] * c : 0.f;
+          d[e][j] = 0.f;
         }
       }
-    } else {
-      // The C fragments of n-tiles i, i + 1 (rows rg, rg + 8; k = 8 i + 2 t4, + 1 and 8 (i + 1) + ..)
-      // are, as bf16 pairs, the A fragment of the 16 x 16 block (m-tile, k = 8 i ..): one ldmatrix
-      // reads them and one stmatrix writes them back, at P1's addresses (.trans for the KV tile),
-      // instead of four 4-byte accesses (VK) or eight 2-byte ones (KV) each way.
-      // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
-      // then its stores, so that no load waits behind the previous n-tile's store (the
-      // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
-      // (docs/design.md section 4): the per-block chain lies elsewhere.
-      constexpr int NG = 8;
-      const auto a_at = a_blocks(mt);  // P1's addresses
 #pragma unroll
-      for (int n0 = 0; n0 < K / 8; n0 += NG) {
-        uint32_t u[NG][2];
+      for (int t = 0; t < TP; ++t) {
+        if (t >= T) break;
+        const int jo = ((t >> 3) << 1) | (t & 1), owner = (t & 7) >> 1;
+        const float bt = tok[t * kTokScalars + 4];
+        float dt[2];
 #pragma unroll
-        for (int i = 0; i < NG; i += 2) {
-          uint32_t x[4];
-          if constexpr (kKv) {
-            ldsm_x4_trans(x, a_at((n0 + i) / 2));
-          } else {
-            ldsm_x4(x, a_at((n0 + i) / 2));
+        for (int e = 0; e < 2; ++e) dt[e] = __shfl_sync(0xffffffffu, bt * x[e][jo], (lane & ~3) | owner);
+        if (t4 == owner) d[0][jo] = dt[0], d[1][jo] = dt[1];
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+          if (tj[j] >= T || tj[j] < t) continue;
+          if (tj[j] > t) {
+            const float akk = Akk[tj[j] * kMaxChunk + t];
+            x[0][j] = fmaf(-akk, dt[0], x[0][j]);
+            x[1][j] = fmaf(-akk, dt[1], x[1][j]);
           }
-          u[i][0] = x[0], u[i][1] = x[1], u[i + 1][0] = x[2], u[i + 1][1] = x[3];
+          const float aqk = Aqk[tj[j] * kMaxChunk + t];
+          o[0][j] = fmaf(aqk, dt[0], o[0][j]);
+          o[1][j] = fmaf(aqk, dt[1], o[1][j]);
         }
+      }
 #pragma unroll
-        for (int i = 0; i < NG; i += 2) {
-          uint32_t b[4];
-          ldsm_x4_trans(b, bp + (n0 + i) * 8);
-          // Stochastic rounding: the lanes of a quad (same rows) share the hashes of the four
-          // groups of 8 elements they store here (n-tiles i, i + 1; rows rg, rg + 8): lane t4
-          // computes group (h = t4 & 1, row half t4 >> 1) and the quad reads them by shuffle
-          // (each lane computing all four cost the chunked kernel +30% at T = 4).
-          uint32_t gseed = 0;
-          if (sr)
-            gseed = sr_group_seed(key, (((row0 + rg) * K + (n0 + i + (t4 & 1)) * 8) >> 3) + (t4 >> 1) * K);
+      for (int e = 0; e < 2; ++e) {
+        const int r = mt * 16 + g + 8 * e;
+        if (row0 + r < p.V) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float s0[2], s1[2];
-            unpack2(u[i + h][0], static_cast<S*>(nullptr), s0);
-            unpack2(u[i + h][1], static_cast<S*>(nullptr), s1);
-            float acc[4] = {gam_end * s0[0], gam_end * s0[1], gam_end * s1[0], gam_end * s1[1]};
-            mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
-            mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
-            mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
-            if (sr) {  // element (v, k): e = v * K + k; this lane's pair is 2 * t4, 2 * t4 + 1 of its group
-              const int quad = lane & ~3;
-              const uint32_t x0 = __shfl_sync(0xffffffffu, gseed, quad | h);
-              const uint32_t x1 = __shfl_sync(0xffffffffu, gseed, quad | 2 | h);
-              u[i + h][0] = sr_pack2(acc[0], acc[1], (x0 * ja0 + jc0) >> 16, (x0 * ja1 + jc1) >> 16,
-                                     static_cast<S*>(nullptr));
-              u[i + h][1] = sr_pack2(acc[2], acc[3], (x1 * ja0 + jc0) >> 16, (x1 * ja1 + jc1) >> 16,
-                                     static_cast<S*>(nullptr));
-            } else {
-              u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
-              u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
+          for (int j = 0; j < NJ; ++j)
+            if (tj[j] < T) store_scalar(p.o.data, p.o.dtype, obase + tj[j] * p.o.s[1] + r, o[e][j]);
+        }
+      }
+      if (wslot < 0) continue;
+
+      // P3: the weights G_T-1,s rk_s d_s of the lane's tokens are its A fragments' elements.
+      float w[2][NJ];
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) w[e][j] = tj[j] < T ? gw[tj[j]] * d[e][j] : 0.f;
+      uint32_t ah[4] = {}, am[4] = {}, al[4] = {};
+      split3_bf16(w[0][0], w[0][1], ah[0], am[0], al[0]);
+      split3_bf16(w[1][0], w[1][1], ah[1], am[1], al[1]);
+      if constexpr (NJ == 4) {
+        split3_bf16(w[0][2], w[0][3], ah[2], am[2], al[2]);
+        split3_bf16(w[1][2], w[1][3], ah[3], am[3], al[3]);
+      }
+      const int rg = mt * 16 + g;
+        if constexpr (kF32) {
+          // fp32 (KV only): the C fragment (rows rg, rg + 8; columns 2 t4, 2 t4 + 1 of n-tile nt)
+          // sits in rows k = 8 nt + 2 t4 and k + 1 of the tile, at the lane's four fixed places
+          // (k mod 8 as in P1); the sums replace it as computed.
+          constexpr int NG = 8;
+          const int c00 = tile.kv_col(rg, 2 * t4), c01 = tile.kv_col(rg, 2 * t4 + 1);
+          const int c10 = tile.kv_col(rg + 8, 2 * t4), c11 = tile.kv_col(rg + 8, 2 * t4 + 1);
+    #pragma unroll
+          for (int n0 = 0; n0 < K / 8; n0 += NG) {
+            float2 u0[NG], u1[NG];
+    #pragma unroll
+            for (int i = 0; i < NG; ++i) {
+              const float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
+              u0[i] = make_float2(row[c00], row[RT + c01]);
+              u1[i] = make_float2(row[c10], row[RT + c11]);
+            }
+    #pragma unroll
+            for (int i = 0; i < NG; i += 2) {
+              uint32_t b[4];
+              ldsm_x4_trans(b, bp + (n0 + i) * 8);
+    #pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                float acc[4] = {gam_end * u0[i + h].x, gam_end * u0[i + h].y, gam_end * u1[i + h].x,
+                                gam_end * u1[i + h].y};
+                mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
+                mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
+                mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
+                u0[i + h] = make_float2(acc[0], acc[1]);
+                u1[i + h] = make_float2(acc[2], acc[3]);
+              }
+            }
+    #pragma unroll
+            for (int i = 0; i < NG; ++i) {
+              float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
+              row[c00] = u0[i].x, row[RT + c01] = u0[i].y;
+              row[c10] = u1[i].x, row[RT + c11] = u1[i].y;
+            }
+          }
+        } else {
+          // The C fragments of n-tiles i, i + 1 (rows rg, rg + 8; k = 8 i + 2 t4, + 1 and 8 (i + 1) + ..)
+          // are, as bf16 pairs, the A fragment of the 16 x 16 block (m-tile, k = 8 i ..): one ldmatrix
+          // reads them and one stmatrix writes them back, at P1's addresses (.trans for the KV tile),
+          // instead of four 4-byte accesses (VK) or eight 2-byte ones (KV) each way.
+          // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
+          // then its stores, so that no load waits behind the previous n-tile's store (the
+          // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
+          // (docs/design.md section 4): the per-block chain lies elsewhere.
+          constexpr int NG = 8;
+          const auto a_at = a_blocks(mt);  // P1's addresses
+    #pragma unroll
+          for (int n0 = 0; n0 < K / 8; n0 += NG) {
+            uint32_t u[NG][2];
+    #pragma unroll
+            for (int i = 0; i < NG; i += 2) {
+              uint32_t x[4];
+              if constexpr (kKv) {
+                ldsm_x4_trans(x, a_at((n0 + i) / 2));
+              } else {
+                ldsm_x4(x, a_at((n0 + i) / 2));
+              }
+              u[i][0] = x[0], u[i][1] = x[1], u[i + 1][0] = x[2], u[i + 1][1] = x[3];
+            }
+    #pragma unroll
+            for (int i = 0; i < NG; i += 2) {
+              uint32_t b[4];
+              ldsm_x4_trans(b, bp + (n0 + i) * 8);
+              // Stochastic rounding: the lanes of a quad (same rows) share the hashes of the four
+              // groups of 8 elements they store here (n-tiles i, i + 1; rows rg, rg + 8): lane t4
+              // computes group (h = t4 & 1, row half t4 >> 1) and the quad reads them by shuffle
+              // (each lane computing all four cost the chunked kernel +30% at T = 4).
+              uint32_t gseed = 0;
+              if (sr)
+                gseed = sr_group_seed(key, (((row0 + rg) * K + (n0 + i + (t4 & 1)) * 8) >> 3) + (t4 >> 1) * K);
+    #pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                float s0[2], s1[2];
+                unpack2(u[i + h][0], static_cast<S*>(nullptr), s0);
+                unpack2(u[i + h][1], static_cast<S*>(nullptr), s1);
+                float acc[4] = {gam_end * s0[0], gam_end * s0[1], gam_end * s1[0], gam_end * s1[1]};
+                mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
+                mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
+                mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
+                if (sr) {  // element (v, k): e = v * K + k; this lane's pair is 2 * t4, 2 * t4 + 1 of its group
+                  const int quad = lane & ~3;
+                  const uint32_t x0 = __shfl_sync(0xffffffffu, gseed, quad | h);
+                  const uint32_t x1 = __shfl_sync(0xffffffffu, gseed, quad | 2 | h);
+                  u[i + h][0] = sr_pack2(acc[0], acc[1], (x0 * ja0 + jc0) >> 16, (x0 * ja1 + jc1) >> 16,
+                                         static_cast<S*>(nullptr));
+                  u[i + h][1] = sr_pack2(acc[2], acc[3], (x1 * ja0 + jc0) >> 16, (x1 * ja1 + jc1) >> 16,
+                                         static_cast<S*>(nullptr));
+                } else {
+                  u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
+                  u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
+                }
+              }
+            }
+    #pragma unroll
+            for (int i = 0; i < NG; i += 2) {
+              const uint32_t x[4] = {u[i][0], u[i][1], u[i + 1][0], u[i + 1][1]};
+              if constexpr (kKv) {
+                stsm_x4_trans(a_at((n0 + i) / 2), x);
+              } else {
+                stsm_x4(a_at((n0 + i) / 2), x);
+              }
             }
           }
         }
-#pragma unroll
-        for (int i = 0; i < NG; i += 2) {
-          const uint32_t x[4] = {u[i][0], u[i][1], u[i + 1][0], u[i + 1][1]};
-          if constexpr (kKv) {
-            stsm_x4_trans(a_at((n0 + i) / 2), x);
-          } else {
-            stsm_x4(a_at((n0 + i) / 2), x);
-          }
-        }
-      }
     }
+  };
+  if (T <= 8) {
+    phases(std::integral_constant<int, 8>{});
+  } else {
+    phases(std::integral_constant<int, 16>{});
   }
+  if (wslot < 0) return;
   __syncwarp();
 
   // P4: the warp's rows to the pool, 16-byte pieces in order (coalesced). KV: the warp's
