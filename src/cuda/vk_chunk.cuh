@@ -360,42 +360,42 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     for (int j = 0; j < NJ; ++j) tj[j] = 8 * (j >> 1) + 2 * t4 + (j & 1);
     for (int mt = warp; mt < mts; mt += kWarps) {
       float acc[2][2][4];
-        if constexpr (kF32) {
-          // KV (fp32 is KV only): the lane's k are 2 t4 and 2 t4 + 1 modulo 8, four fixed places
-          // within a row k.
-          const int r = mt * 16 + g;
-          const int c00 = tile.kv_col(r, 2 * t4), c01 = tile.kv_col(r, 2 * t4 + 1);
-          const int c10 = tile.kv_col(r + 8, 2 * t4), c11 = tile.kv_col(r + 8, 2 * t4 + 1);
-          const auto a_pair = [&](int h, int k) {
-            const float* const row = tile_s + k * RT;
-            return h == 0 ? make_float2(row[c00], row[RT + c01]) : make_float2(row[c10], row[RT + c11]);
-          };
-          chunk_dots<K, 3>(
-              acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, p1_col, TP / 8,
-              lane);
-        } else {
-          const auto a_at = a_blocks(mt);
-          const auto load = [&](int ks, uint32_t(&x)[4]) {
-            if constexpr (kKv) {
-              ldsm_x4_trans(x, a_at(ks));
-            } else {
-              ldsm_x4(x, a_at(ks));
-            }
-          };
-          if constexpr (kF16) {
-            chunk_dots<K, 2>(
-                acc,
-                [&](int ks, uint32_t(&a)[2][4]) {
-                  uint32_t x[4];
-                  load(ks, x);
-  #pragma unroll
-                  for (int i = 0; i < 4; ++i) split2_f16(x[i], a[0][i], a[1][i]);
-                },
-                p1_col, TP / 8, lane);
+      if constexpr (kF32) {
+        // KV (fp32 is KV only): the lane's k are 2 t4 and 2 t4 + 1 modulo 8, four fixed places
+        // within a row k.
+        const int r = mt * 16 + g;
+        const int c00 = tile.kv_col(r, 2 * t4), c01 = tile.kv_col(r, 2 * t4 + 1);
+        const int c10 = tile.kv_col(r + 8, 2 * t4), c11 = tile.kv_col(r + 8, 2 * t4 + 1);
+        const auto a_pair = [&](int h, int k) {
+          const float* const row = tile_s + k * RT;
+          return h == 0 ? make_float2(row[c00], row[RT + c01]) : make_float2(row[c10], row[RT + c11]);
+        };
+        chunk_dots<K, 3>(
+            acc, [&](int ks, uint32_t(&a)[3][4]) { chunk_split_frags(a_pair, ks, lane, a); }, p1_col, TP / 8, lane);
+      } else {
+        const auto a_at = a_blocks(mt);
+        const auto load = [&](int ks, uint32_t(&x)[4]) {
+          if constexpr (kKv) {
+            ldsm_x4_trans(x, a_at(ks));
           } else {
-            chunk_dots<K, 1>(acc, [&](int ks, uint32_t(&a)[1][4]) { load(ks, a[0]); }, p1_col, TP / 8, lane);
+            ldsm_x4(x, a_at(ks));
           }
+        };
+        if constexpr (kF16) {
+          chunk_dots<K, 2>(
+              acc,
+              [&](int ks, uint32_t(&a)[2][4]) {
+                uint32_t x[4];
+                load(ks, x);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) split2_f16(x[i], a[0][i], a[1][i]);
+              },
+              p1_col, TP / 8, lane);
+        } else {
+          chunk_dots<K, 1>(
+              acc, [&](int ks, uint32_t(&a)[1][4]) { load(ks, a[0]); }, p1_col, TP / 8, lane);
         }
+      }
 
       // P2.
       float x[2][NJ], o[2][NJ], d[2][NJ];
@@ -459,113 +459,112 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
         split3_bf16(w[1][2], w[1][3], ah[3], am[3], al[3]);
       }
       const int rg = mt * 16 + g;
-        if constexpr (kF32) {
-          // fp32 (KV only): the C fragment (rows rg, rg + 8; columns 2 t4, 2 t4 + 1 of n-tile nt)
-          // sits in rows k = 8 nt + 2 t4 and k + 1 of the tile, at the lane's four fixed places
-          // (k mod 8 as in P1); the sums replace it as computed.
-          constexpr int NG = 8;
-          const int c00 = tile.kv_col(rg, 2 * t4), c01 = tile.kv_col(rg, 2 * t4 + 1);
-          const int c10 = tile.kv_col(rg + 8, 2 * t4), c11 = tile.kv_col(rg + 8, 2 * t4 + 1);
-    #pragma unroll
-          for (int n0 = 0; n0 < K / 8; n0 += NG) {
-            float2 u0[NG], u1[NG];
-    #pragma unroll
-            for (int i = 0; i < NG; ++i) {
-              const float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
-              u0[i] = make_float2(row[c00], row[RT + c01]);
-              u1[i] = make_float2(row[c10], row[RT + c11]);
-            }
-    #pragma unroll
-            for (int i = 0; i < NG; i += 2) {
-              uint32_t b[4];
-              ldsm_x4_trans(b, bp + (n0 + i) * 8);
-    #pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                float acc[4] = {gam_end * u0[i + h].x, gam_end * u0[i + h].y, gam_end * u1[i + h].x,
-                                gam_end * u1[i + h].y};
-                mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
-                mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
-                mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
-                u0[i + h] = make_float2(acc[0], acc[1]);
-                u1[i + h] = make_float2(acc[2], acc[3]);
-              }
-            }
-    #pragma unroll
-            for (int i = 0; i < NG; ++i) {
-              float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
-              row[c00] = u0[i].x, row[RT + c01] = u0[i].y;
-              row[c10] = u1[i].x, row[RT + c11] = u1[i].y;
+      if constexpr (kF32) {
+        // fp32 (KV only): the C fragment (rows rg, rg + 8; columns 2 t4, 2 t4 + 1 of n-tile nt)
+        // sits in rows k = 8 nt + 2 t4 and k + 1 of the tile, at the lane's four fixed places
+        // (k mod 8 as in P1); the sums replace it as computed.
+        constexpr int NG = 8;
+        const int c00 = tile.kv_col(rg, 2 * t4), c01 = tile.kv_col(rg, 2 * t4 + 1);
+        const int c10 = tile.kv_col(rg + 8, 2 * t4), c11 = tile.kv_col(rg + 8, 2 * t4 + 1);
+#pragma unroll
+        for (int n0 = 0; n0 < K / 8; n0 += NG) {
+          float2 u0[NG], u1[NG];
+#pragma unroll
+          for (int i = 0; i < NG; ++i) {
+            const float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
+            u0[i] = make_float2(row[c00], row[RT + c01]);
+            u1[i] = make_float2(row[c10], row[RT + c11]);
+          }
+#pragma unroll
+          for (int i = 0; i < NG; i += 2) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, bp + (n0 + i) * 8);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float acc[4] = {gam_end * u0[i + h].x, gam_end * u0[i + h].y, gam_end * u1[i + h].x,
+                              gam_end * u1[i + h].y};
+              mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
+              mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
+              mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
+              u0[i + h] = make_float2(acc[0], acc[1]);
+              u1[i + h] = make_float2(acc[2], acc[3]);
             }
           }
-        } else {
-          // The C fragments of n-tiles i, i + 1 (rows rg, rg + 8; k = 8 i + 2 t4, + 1 and 8 (i + 1) + ..)
-          // are, as bf16 pairs, the A fragment of the 16 x 16 block (m-tile, k = 8 i ..): one ldmatrix
-          // reads them and one stmatrix writes them back, at P1's addresses (.trans for the KV tile),
-          // instead of four 4-byte accesses (VK) or eight 2-byte ones (KV) each way.
-          // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
-          // then its stores, so that no load waits behind the previous n-tile's store (the
-          // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
-          // (docs/design.md section 4): the per-block chain lies elsewhere.
-          constexpr int NG = 8;
-          const auto a_at = a_blocks(mt);  // P1's addresses
-    #pragma unroll
-          for (int n0 = 0; n0 < K / 8; n0 += NG) {
-            uint32_t u[NG][2];
-    #pragma unroll
-            for (int i = 0; i < NG; i += 2) {
-              uint32_t x[4];
-              if constexpr (kKv) {
-                ldsm_x4_trans(x, a_at((n0 + i) / 2));
-              } else {
-                ldsm_x4(x, a_at((n0 + i) / 2));
-              }
-              u[i][0] = x[0], u[i][1] = x[1], u[i + 1][0] = x[2], u[i + 1][1] = x[3];
+#pragma unroll
+          for (int i = 0; i < NG; ++i) {
+            float* const row = tile_s + (8 * (n0 + i) + 2 * t4) * RT;
+            row[c00] = u0[i].x, row[RT + c01] = u0[i].y;
+            row[c10] = u1[i].x, row[RT + c11] = u1[i].y;
+          }
+        }
+      } else {
+        // The C fragments of n-tiles i, i + 1 (rows rg, rg + 8; k = 8 i + 2 t4, + 1 and 8 (i + 1) + ..)
+        // are, as bf16 pairs, the A fragment of the 16 x 16 block (m-tile, k = 8 i ..): one ldmatrix
+        // reads them and one stmatrix writes them back, at P1's addresses (.trans for the KV tile),
+        // instead of four 4-byte accesses (VK) or eight 2-byte ones (KV) each way.
+        // Groups of 8 n-tiles (8 columns each): all loads of a group first, then its products,
+        // then its stores, so that no load waits behind the previous n-tile's store (the
+        // swizzled addresses are not provably distinct). Measured equal to the interleaved loop
+        // (docs/design.md section 4): the per-block chain lies elsewhere.
+        constexpr int NG = 8;
+        const auto a_at = a_blocks(mt);  // P1's addresses
+#pragma unroll
+        for (int n0 = 0; n0 < K / 8; n0 += NG) {
+          uint32_t u[NG][2];
+#pragma unroll
+          for (int i = 0; i < NG; i += 2) {
+            uint32_t x[4];
+            if constexpr (kKv) {
+              ldsm_x4_trans(x, a_at((n0 + i) / 2));
+            } else {
+              ldsm_x4(x, a_at((n0 + i) / 2));
             }
-    #pragma unroll
-            for (int i = 0; i < NG; i += 2) {
-              uint32_t b[4];
-              ldsm_x4_trans(b, bp + (n0 + i) * 8);
-              // Stochastic rounding: the lanes of a quad (same rows) share the hashes of the four
-              // groups of 8 elements they store here (n-tiles i, i + 1; rows rg, rg + 8): lane t4
-              // computes group (h = t4 & 1, row half t4 >> 1) and the quad reads them by shuffle
-              // (each lane computing all four cost the chunked kernel +30% at T = 4).
-              uint32_t gseed = 0;
-              if (sr)
-                gseed = sr_group_seed(key, (((row0 + rg) * K + (n0 + i + (t4 & 1)) * 8) >> 3) + (t4 >> 1) * K);
-    #pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                float s0[2], s1[2];
-                unpack2(u[i + h][0], static_cast<S*>(nullptr), s0);
-                unpack2(u[i + h][1], static_cast<S*>(nullptr), s1);
-                float acc[4] = {gam_end * s0[0], gam_end * s0[1], gam_end * s1[0], gam_end * s1[1]};
-                mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
-                mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
-                mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
-                if (sr) {  // element (v, k): e = v * K + k; this lane's pair is 2 * t4, 2 * t4 + 1 of its group
-                  const int quad = lane & ~3;
-                  const uint32_t x0 = __shfl_sync(0xffffffffu, gseed, quad | h);
-                  const uint32_t x1 = __shfl_sync(0xffffffffu, gseed, quad | 2 | h);
-                  u[i + h][0] = sr_pack2(acc[0], acc[1], (x0 * ja0 + jc0) >> 16, (x0 * ja1 + jc1) >> 16,
-                                         static_cast<S*>(nullptr));
-                  u[i + h][1] = sr_pack2(acc[2], acc[3], (x1 * ja0 + jc0) >> 16, (x1 * ja1 + jc1) >> 16,
-                                         static_cast<S*>(nullptr));
-                } else {
-                  u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
-                  u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
-                }
+            u[i][0] = x[0], u[i][1] = x[1], u[i + 1][0] = x[2], u[i + 1][1] = x[3];
+          }
+#pragma unroll
+          for (int i = 0; i < NG; i += 2) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, bp + (n0 + i) * 8);
+            // Stochastic rounding: the lanes of a quad (same rows) share the hashes of the four
+            // groups of 8 elements they store here (n-tiles i, i + 1; rows rg, rg + 8): lane t4
+            // computes group (h = t4 & 1, row half t4 >> 1) and the quad reads them by shuffle
+            // (each lane computing all four cost the chunked kernel +30% at T = 4).
+            uint32_t gseed = 0;
+            if (sr) gseed = sr_group_seed(key, (((row0 + rg) * K + (n0 + i + (t4 & 1)) * 8) >> 3) + (t4 >> 1) * K);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float s0[2], s1[2];
+              unpack2(u[i + h][0], static_cast<S*>(nullptr), s0);
+              unpack2(u[i + h][1], static_cast<S*>(nullptr), s1);
+              float acc[4] = {gam_end * s0[0], gam_end * s0[1], gam_end * s1[0], gam_end * s1[1]};
+              mma_bf16(acc, ah, b[2 * h], b[2 * h + 1]);
+              mma_bf16(acc, am, b[2 * h], b[2 * h + 1]);
+              mma_bf16(acc, al, b[2 * h], b[2 * h + 1]);
+              if (sr) {  // element (v, k): e = v * K + k; this lane's pair is 2 * t4, 2 * t4 + 1 of its group
+                const int quad = lane & ~3;
+                const uint32_t x0 = __shfl_sync(0xffffffffu, gseed, quad | h);
+                const uint32_t x1 = __shfl_sync(0xffffffffu, gseed, quad | 2 | h);
+                u[i + h][0] =
+                    sr_pack2(acc[0], acc[1], (x0 * ja0 + jc0) >> 16, (x0 * ja1 + jc1) >> 16, static_cast<S*>(nullptr));
+                u[i + h][1] =
+                    sr_pack2(acc[2], acc[3], (x1 * ja0 + jc0) >> 16, (x1 * ja1 + jc1) >> 16, static_cast<S*>(nullptr));
+              } else {
+                u[i + h][0] = pack2(acc[0], acc[1], static_cast<S*>(nullptr));
+                u[i + h][1] = pack2(acc[2], acc[3], static_cast<S*>(nullptr));
               }
             }
-    #pragma unroll
-            for (int i = 0; i < NG; i += 2) {
-              const uint32_t x[4] = {u[i][0], u[i][1], u[i + 1][0], u[i + 1][1]};
-              if constexpr (kKv) {
-                stsm_x4_trans(a_at((n0 + i) / 2), x);
-              } else {
-                stsm_x4(a_at((n0 + i) / 2), x);
-              }
+          }
+#pragma unroll
+          for (int i = 0; i < NG; i += 2) {
+            const uint32_t x[4] = {u[i][0], u[i][1], u[i + 1][0], u[i + 1][1]};
+            if constexpr (kKv) {
+              stsm_x4_trans(a_at((n0 + i) / 2), x);
+            } else {
+              stsm_x4(a_at((n0 + i) / 2), x);
             }
           }
         }
+      }
     }
   };
   if (T <= 8) {
