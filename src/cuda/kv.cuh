@@ -419,16 +419,17 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
 
   const int64_t ss1 = p.state.s[1];
   {
-    const S* src = head_src + slots.read * ss0;
-    for (int i = tid; i < K * LV; i += NT) {
-      const int r = i / LV, c = i % LV;
+    // K rows of LV pieces, as the VK tiles walk theirs (tile_piece_walk).
+    static_assert(NT % LV == 0, "tile_piece_walk: a row's pieces divide the block");
+    const int vin = tile_extent(p.V, c0, VT);
+    tile_piece_walk<VE>(tid, NT, K, LV, head_src + slots.read * ss0, ss2, [&](int r, int c, const S* g) {
       S* const dst = tile_s + r * VT + c * VE;
-      if (c0 + c * VE < p.V) {
-        cp_async16(dst, src + r * ss2 + c * VE);
+      if (c * VE < vin) {
+        cp_async16(dst, g);
       } else {
         st_shared_zero16(dst);
       }
-    }
+    });
     cp_async_commit();
   }
 
