@@ -487,8 +487,9 @@ struct StageSmem {
   float* v;            // [chunk][nc]
   float* tok;          // [chunk][kTokScalars]
   // VK chunked kernel only (instead of q, k): raw bf16 q and k as rows q_0..q_{tc-1},
-  // k_0..k_{tc-1}, then one zero row, kQk16Pad elements of padding per row so that 8 rows of
-  // 16 bytes (one ldmatrix) fall in distinct banks.
+  // k_0..k_{tc-1} (staged there directly: StagePlan::qrow), then one zero row, kQk16Pad elements
+  // of padding per row so that 8 rows of 16 bytes (one ldmatrix) fall in distinct banks. Its raw
+  // area holds v alone, which it reads raw (no fp32 v).
   uint16_t* qk16 = nullptr;
   int chunk = 1;  // tokens per staged chunk (geo.chunk): the rows of raw and of q, k, v, tok
 
@@ -606,6 +607,7 @@ struct StagePlan {
   int64_t qe, ke, ve;     // element strides, bytes (element path)
   unsigned char *rq, *rk, *rv;
   int es, K, nc, tc;
+  int qrow;  // bytes between token rows of rq and of rk (K * es; the chunked kernel's qk16 rows are padded)
   bool vec;
 };
 
@@ -628,6 +630,7 @@ __device__ __forceinline__ StagePlan stage_plan(const Problem& p, const Geometry
   sp.qe = p.q.s[3] * es;
   sp.ke = p.k.s[3] * es;
   sp.ve = p.v.s[3] * es;
+  sp.qrow = sp.K * es;
   sp.rq = sm.raw_part<unsigned char>(0, sp.K * es);
   sp.rk = sm.raw_part<unsigned char>(1, sp.K * es);
   sp.rv = sm.raw_part<unsigned char>(2, sp.K * es);
@@ -651,10 +654,10 @@ __device__ __forceinline__ void stage_issue_plan(const StagePlan& sp) {
     for (int i = threadIdx.x; i < total; i += kThreads) {
       if (i < nq) {
         const int t = i / cq, c = i % cq;
-        cp_async16(sp.rq + (t * K) * es + c * 16, sp.q + t * sp.qt + c * 16);
+        cp_async16(sp.rq + t * sp.qrow + c * 16, sp.q + t * sp.qt + c * 16);
       } else if (i < 2 * nq) {
         const int t = (i - nq) / cq, c = (i - nq) % cq;
-        cp_async16(sp.rk + (t * K) * es + c * 16, sp.k + t * sp.kt + c * 16);
+        cp_async16(sp.rk + t * sp.qrow + c * 16, sp.k + t * sp.kt + c * 16);
       } else {
         const int t = (i - 2 * nq) / cv, c = (i - 2 * nq) % cv;
         cp_async16(sp.rv + (t * nc) * es + c * 16, sp.v + t * sp.vt + c * 16);
@@ -670,10 +673,10 @@ __device__ __forceinline__ void stage_issue_plan(const StagePlan& sp) {
       unsigned char* dst;
       if (i < nq) {
         src = sp.q + (i / K) * sp.qt + (i % K) * sp.qe;
-        dst = sp.rq + i * es;
+        dst = sp.rq + (i / K) * sp.qrow + (i % K) * es;
       } else if (i < 2 * nq) {
         src = sp.k + ((i - nq) / K) * sp.kt + ((i - nq) % K) * sp.ke;
-        dst = sp.rk + (i - nq) * es;
+        dst = sp.rk + ((i - nq) / K) * sp.qrow + ((i - nq) % K) * es;
       } else {
         src = sp.v + ((i - 2 * nq) / nc) * sp.vt + ((i - 2 * nq) % nc) * sp.ve;
         dst = sp.rv + (i - 2 * nq) * es;
@@ -751,21 +754,19 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
   constexpr int kWarps = kThreads / 32;
   constexpr int kPerLane = K / 32;
   const int lane = threadIdx.x & 31;
-  const QK* rq = sm.raw_part<const QK>(0, K);
-  const QK* rk = sm.raw_part<const QK>(1, K);
-  const QK* rv = sm.raw_part<const QK>(2, K);
+  // kQk16: q and k were staged straight into qk16's padded rows, and the chunked kernel reads v
+  // raw (as bf16) where it needs it.
+  constexpr int QS = kQk16 ? K + kQk16Pad : K;  // row stride of rq and rk, elements
+  const QK* rq = kQk16 ? reinterpret_cast<const QK*>(sm.qk16) : sm.raw_part<const QK>(0, K);
+  const QK* rk = kQk16 ? rq + tc * QS : sm.raw_part<const QK>(1, K);
   for (int t = threadIdx.x / 32; t < tc; t += kWarps) {
     float sqq = 0.f, skk = 0.f, sqk = 0.f;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = i * 32 + lane;
-      const float qf = to_f32(rq[t * K + e]);
-      const float kf = to_f32(rk[t * K + e]);
-      if constexpr (kQk16) {
-        static_assert(sizeof(QK) == 2);
-        sm.qk16[t * (K + kQk16Pad) + e] = reinterpret_cast<const uint16_t*>(rq)[t * K + e];
-        sm.qk16[(tc + t) * (K + kQk16Pad) + e] = reinterpret_cast<const uint16_t*>(rk)[t * K + e];
-      } else {
+      const float qf = to_f32(rq[t * QS + e]);
+      const float kf = to_f32(rk[t * QS + e]);
+      if constexpr (!kQk16) {
         sm.q[t * K + pos(e)] = qf;
         sm.k[t * K + pos(e)] = kf;
       }
@@ -781,9 +782,13 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
       sm.tok[t * kTokScalars + 2] = ts.kq;
     }
   }
-  for (int i = threadIdx.x; i < tc * nc; i += kThreads) sm.v[i] = to_f32(rv[i]);
-  if constexpr (kQk16)
+  if constexpr (kQk16) {
+    static_assert(sizeof(QK) == 2);
     for (int i = threadIdx.x; i < K; i += kThreads) sm.qk16[2 * tc * (K + kQk16Pad) + i] = 0;
+  } else {
+    const QK* rv = sm.raw_part<const QK>(2, K);
+    for (int i = threadIdx.x; i < tc * nc; i += kThreads) sm.v[i] = to_f32(rv[i]);
+  }
 }
 
 // kQk16 (the VK chunked kernel; bf16 q and k, host-checked): the raw q/k rows into sm.qk16

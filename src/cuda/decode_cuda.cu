@@ -446,6 +446,8 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   if (f == nullptr && chunk_ok && (p.layout_kv || !kF32) && vk_chunk_pays(p) && p.T >= 2 &&
       p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) && rt % 16 == 0) {
     stage_all_tokens(p, rt, lp);
+    // Its raw area holds v alone: q and k land in qk16's rows (vk_tile_begin), v is read raw.
+    lp.geo.raw_bytes = static_cast<int>(stage_raw_bytes(p.T, 0, rt, 2));
     const VkChunkSmem lay(rt, static_cast<int>(p.K), static_cast<int>(p.T), lp.geo.raw_bytes,
                           static_cast<int>(sizeof(S)));
     chunked = static_cast<size_t>(lay.total) <= kTileSmemMax;

@@ -572,6 +572,12 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
   StagePlan plan;
   if constexpr (!Fz::kOn) {
     plan = stage_plan(p, geo, sm, n, 0, T, hv, row0, RT);
+    if constexpr (kChunked) {  // q and k straight into qk16's padded rows; v alone in the raw area
+      plan.qrow = (K + kQk16Pad) * 2;
+      plan.rq = reinterpret_cast<unsigned char*>(sm.qk16);
+      plan.rk = plan.rq + T * plan.qrow;
+      plan.rv = sm.raw;
+    }
     stage_plan_pin(plan);
   }
   // KV: the tile's columns row0.. of every row k (p.state.s[2] is then the k stride).

@@ -55,15 +55,14 @@ constexpr int kChunkTabFloats = 2 * kMaxChunk * kMaxChunk + 3 * kMaxChunk + 4;
 // Shared-memory layout of the chunked kernel (byte offsets), one definition for the host
 // planner (total) and the kernel (offsets). rt state rows of K elements of state_bytes each.
 struct VkChunkSmem {
-  int raw, tok, v, qk16, graw, tabs, total;
+  int raw, tok, qk16, graw, tabs, total;
   int gs;  // row stride of Graw, floats
   static constexpr __host__ __device__ int up16(int b) { return (b + 15) / 16 * 16; }
   __host__ __device__ VkChunkSmem(int rt, int K, int T, int raw_bytes, int state_bytes) {
     gs = 2 * T + 1;
     raw = up16(rt * K * state_bytes);  // the state tile first
-    tok = raw + up16(raw_bytes);
-    v = tok + up16(T * kTokScalars * 4);
-    qk16 = v + up16(T * rt * 4);
+    tok = raw + up16(raw_bytes);  // raw: v alone (q and k land in qk16)
+    qk16 = tok + up16(T * kTokScalars * 4);
     graw = qk16 + up16((2 * T + 1) * (K + kQk16Pad) * 2);
     tabs = graw + up16(2 * T * gs * 4);
     total = tabs + kChunkTabFloats * 4;
@@ -236,7 +235,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
   sm.raw = base + lay.raw;
   sm.q = sm.k = nullptr;  // not staged: the products use the raw bits (qk16)
   sm.tok = reinterpret_cast<float*>(base + lay.tok);
-  sm.v = reinterpret_cast<float*>(base + lay.v);
+  sm.v = nullptr;  // v stays raw (bf16, as q and k: host-checked) in the raw area: vraw
   sm.qk16 = reinterpret_cast<uint16_t*>(base + lay.qk16);
   float* const graw = reinterpret_cast<float*>(base + lay.graw);
   float* const Akk = reinterpret_cast<float*>(base + lay.tabs);
@@ -348,6 +347,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
   // ldmatrix.trans of B: the lane's row is token arow (the A-row pattern), columns + 8 * ahalf.
   const uint16_t* const bp = (arow < T ? qk + (T + arow) * QKS : zrow) + (ahalf << 3);
   const int64_t obase = n * p.o.s[0] + hv * p.o.s[2] + row0;
+  const __nv_bfloat16* const vraw = reinterpret_cast<const __nv_bfloat16*>(sm.raw);  // [T][RT]
   const auto phases = [&](auto tp) {
     constexpr int TP = decltype(tp)::value;
     constexpr int NJ = TP / 4;  // tokens per lane
@@ -407,7 +407,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
           const float c = acc[j >> 2][(j >> 1) & 1][2 * e + (j & 1)];
           const float a = acc[TP / 16 + (j >> 2)][(TP / 8 + (j >> 1)) & 1][2 * e + (j & 1)];
           const bool in = tj[j] < T;
-          x[e][j] = in ? fmaf(-ga[tj[j]], a, sm.v[tj[j] * RT + r]) : 0.f;
+          x[e][j] = in ? fmaf(-ga[tj[j]], a, __bfloat162float(vraw[tj[j] * RT + r])) : 0.f;
           o[e][j] = in ? gc[tj[j]] * c : 0.f;
           d[e][j] = 0.f;
         }
