@@ -199,8 +199,8 @@ __device__ __forceinline__ void chunk_store_acc(const float (&acc)[2][2][4], flo
 }
 
 // 16-bit: five resident blocks (96 registers; one 8-byte spill since P1..P3 moved into
-// registers): shared memory admits them up to T = 5 (44.0 KiB at K = 128 without X), measured
-// T = 4 B = 512 370 -> 346 us; from T = 6 (46-50 KiB) it stays at four. fp32: the tile alone is 32 KB at the default 64 rows of K = 128: four at most.
+// registers): shared memory admits them up to T = 10 at K = 128 (42.0 KiB at T = 8: no X, q and
+// k staged into qk16, v raw), measured T = 4 B = 512 370 -> 346 us; beyond, four. fp32: the tile alone is 32 KB at the default 64 rows of K = 128: four at most.
 template <typename S>
 constexpr int kChunkMinBlocks = std::is_same_v<S, float> ? 4 : 5;
 
