@@ -1,12 +1,16 @@
-"""exp/chunk-regs: the quad solve's index map (P1 columns, accumulator lanes, owners) against the
-thread-per-row solve, float64, T = 1..16; every (row, token) covered once. Prints max error 0
-when the operations and their order match. python3 bench/chunk_quad_sim.py
+"""The chunked kernel's quad solve (src/cuda/vk_chunk.cuh, P1..P3 in registers): its index map
+(P1 columns, accumulator lanes, owners) against the thread-per-row solve, float64, T = 1..16;
+every (row, token) covered once. Prints max error 0 when the operations and their order match,
+and exits 1 otherwise. python3 bench/chunk_quad_sim.py
 """
-# Emulates exp/chunk-regs' P1 column map, accumulator extraction and quad solve against the
+import sys
+
+# Emulates the kernel's P1 column map, accumulator extraction and quad solve against the
 # thread-per-row solve (float64), for T = 1..16, one m-tile (16 rows).
 import numpy as np
 rng = np.random.default_rng(3)
 KM = 16
+bad = False
 for T in range(1, 17):
     TP = 8 if T <= 8 else 16
     NJ = TP // 4
@@ -88,3 +92,5 @@ for T in range(1, 17):
             for tjj in st[lane]['tj']:
                 if tjj < T: cover[g + 8 * e, tjj] += 1
     print(T, TP, f"max err {err:.2e}", "coverage ok" if (cover == 1).all() else f"coverage BAD {cover.min()} {cover.max()}")
+    bad |= err != 0 or not (cover == 1).all()
+sys.exit(1 if bad else 0)

@@ -200,7 +200,10 @@ __device__ __forceinline__ void chunk_store_acc(const float (&acc)[2][2][4], flo
 
 // 16-bit: five resident blocks (96 registers; one 8-byte spill since P1..P3 moved into
 // registers): shared memory admits them up to T = 10 at K = 128 (42.0 KiB at T = 8: no X, q and
-// k staged into qk16, v raw), measured T = 4 B = 512 370 -> 346 us; beyond, four. fp32: the tile alone is 32 KB at the default 64 rows of K = 128: four at most.
+// k staged into qk16, v raw). Measured on the H200 (ec9e84c against 511d0b7, which had four at
+// T = 6..8): T = 6..8 from B = 64 0.87-0.91x. Beyond T = 10, four (T = 16: 52.8 KiB, 0.81-0.84x
+// against 511d0b7's three). fp32: the tile alone is 32 KB at the default 64 rows of K = 128:
+// four at most.
 template <typename S>
 constexpr int kChunkMinBlocks = std::is_same_v<S, float> ? 4 : 5;
 
