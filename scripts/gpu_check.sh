@@ -3,7 +3,7 @@
 # calls and has no network: header-only Debian packages travel in .deps, fetched here with
 # `scripts/setup.sh --download .deps`). Logs go to $OUT; a short table is printed last.
 #   scripts/gpu_check.sh [stage ...]   stages: build test run sanitize python bench quickbench fusedbench
-#                                      groupbench kvvtbench prof abbench
+#                                      groupbench kvvtbench chunkbench prof abbench
 # COMMIT names the commit under test in the benchmark JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +36,7 @@ if has abbench; then
 fi
 
 if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench || has groupbench ||
-  has kvvtbench || has prof || has abbench; then
+  has kvvtbench || has chunkbench || has prof || has abbench; then
   t0=$SECONDS
   # The test suite only where a stage runs it (or `build` is named): the CLI alone builds in
   # about 115 s, which counts in a device session's short remainder. GDN_BUILD_TESTS stated
@@ -160,6 +160,23 @@ for k in sorted({k for (_, k) in best if k[3] == "KV"}):
     if a and b and vk and plan[("on", k)].startswith("kv-vt"):
         print(*k[:3], *k[4:], f"{a:.2f} us ({plan[('off', k)]}), {b:.2f} us, {b / a:.3f}, {b / vk:.3f}")
 PY
+fi
+if has chunkbench; then
+  # The chunked kernel (GDN_CUDA_VK_CHUNK=2) against the token loop (0), alternately twice, and
+  # the default plan once: chunk_min_heads's thresholds re-measured on this card
+  # (src/cuda/decode_cuda.cu). A line per (model, state, layout, T) where the chunked kernel
+  # applies: chunked / loop per B (min of the runs; * where the default took the chunked kernel)
+  # and the fewest heads (B x HV) from which the chunked kernel is faster at every larger B.
+  args="--mode pool --layout all --state ${CHUNK_STATE:-all} --cache off --update on --model all
+        --T ${CHUNK_T:-2,3,4,5,6,8,16} --B ${CHUNK_B:-1,2,4,8,16,32,64,128,256}"
+  rc=0
+  for r in 1 2; do
+    GDN_CUDA_VK_CHUNK=0 ./$B/gdn bench $args --json "$OUT/chunk-loop-$r.json" > /dev/null 2>&1 &&
+      GDN_CUDA_VK_CHUNK=2 ./$B/gdn bench $args --json "$OUT/chunk-on-$r.json" > /dev/null 2>&1 || rc=1
+  done
+  ./$B/gdn bench $args --json "$OUT/chunk-default-1.json" > /dev/null 2>&1 || rc=1
+  note "chunkbench rc=$rc"
+  python3 bench/chunk_rules.py "$OUT"
 fi
 if has prof; then
   # ncu on one launch (after a warm-up) of the decode kernels of each PROF cell
