@@ -791,8 +791,8 @@ __device__ __forceinline__ void stage_convert_t(const Problem& p, const Geometry
   }
 }
 
-// kQk16 (the VK chunked kernel; bf16 q and k, host-checked): the raw q/k rows into sm.qk16
-// instead of fp32 q/k at pos.
+// kQk16 (the VK chunked kernel; bf16 q and k, host-checked): q and k are already in sm.qk16's
+// rows (staged there) and v stays raw; only the per-token scalars and qk16's zero row are written.
 template <int K, int kThreads, bool kQk16 = false, typename Pos>
 __device__ __forceinline__ void stage_convert(const Problem& p, const Geometry& geo,
                                               const StageSmem& sm, int tc, int nc, Pos pos) {

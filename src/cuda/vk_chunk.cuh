@@ -1,6 +1,7 @@
-// VK layout, T = 2..16 tokens whose intermediate states are not stored (no intermediate
-// cache, no per-token slots), bf16, fp16 or fp32 state with bf16 q and k: the chunked form of
-// the T tokens, its products on tensor cores.
+// VK layout (and, kKv, the KV layout), T = 2..16 tokens whose intermediate states are not
+// stored (no intermediate cache, no per-token slots), bf16 or fp16 state (an fp32 state in the
+// KV layout only: VK's token loop is faster there) with bf16 q and k: the chunked form of the
+// T tokens, its products on tensor cores.
 //
 // Why: token by token the step needs three fp32 operations per state element and token plus
 // a per-token reduction chain; without the cache that loop, not memory, bounds the call from
