@@ -240,27 +240,7 @@ if has abbench && [ -n "${ab_pid:-}" ]; then
       ./$B/gdn bench $args --json "$OUT/ab-tree-$r.json" > "$OUT/ab-tree-$r.log" 2>&1 || rc=1
     done
     note "abbench rc=$rc"
-    python3 - "$OUT" <<'PY'
-import collections, statistics, sys
-sys.path.insert(0, "bench")
-from ab_rows import best_runs
-best, plan = best_runs(sys.argv[1], "ab")
-groups, out = collections.defaultdict(list), []
-for k in sorted(k for (w, k) in plan if w == "tree"):
-    a, b, kern = best.get(("base", k)), best.get(("tree", k)), plan["tree", k]
-    if a and b:
-        groups[kern, k[2], k[3], "B=1" if k[5] == 1 else "B<=16" if k[5] <= 16 else "B>16"].append(b / a)
-        if abs(b / a - 1) > 0.03:
-            out.append(f"  {' '.join(map(str, k))} ({kern}): {a:.2f} -> {b:.2f} us, {b / a:.3f}")
-# The cells outside +-3% to a file (a wide sweep lists hundreds), the per-kernel table last, so
-# that the device call's output tail keeps it.
-with open(f"{sys.argv[1]}/ab-outside.txt", "w") as f:
-    print(*out, sep="\n", file=f)
-print(f"cells outside +-3%: {len(out)} (ab-outside.txt in ab.tgz); the first 20:", *out[:20], sep="\n")
-print("kernel state layout B: cells, tree / base min median max")
-for g, v in sorted(groups.items()):
-    print(*g, f"{len(v)}: {min(v):.3f} {statistics.median(v):.3f} {max(v):.3f}")
-PY
+    python3 bench/ab_rows.py "$OUT"
     (cd "$OUT" && tar czf ab.tgz ab-* && rm -f ab-*.json ab-*.log ab-outside.txt)
   fi
 fi
