@@ -306,6 +306,26 @@ constexpr size_t kTileSmemMax = 200 * 1024;  // under the 227 KB opt-in maximum 
 // measured) use this bound.
 bool one_wave(int64_t blocks) { return blocks <= 4 * static_cast<int64_t>(sm_count()); }
 
+// Blocks of a kernel an SM holds with `smem` bytes of dynamic shared memory each: by shared
+// memory (the device's per SM, less its per-block reserve) and the launch bound `cap`.
+int resident_blocks(int smem, int cap) {
+  return std::min(cap, smem_per_sm() / (smem + smem_reserved_per_block()));
+}
+// The dynamic shared memory of a kernel that needs `total` bytes and holds at most `cap` blocks
+// per SM: a grid within one wave asks for enough that an SM takes no more blocks than an even
+// spread needs (ceil(blocks / SMs)). More resident blocks than that leave SMs idle (the block
+// scheduler fills an SM before the next, it seems): the group kernel at B = 16 (256 blocks on
+// 132 SMs) took 1.18x the time with three per SM than with two at Qwen3.5 bf16 T = 2, and capped
+// to two, the cells that held three took 0.82-0.89x (H200, bench/results 2026-11-28
+// group-spread). The chunked kernel takes the same rule (plan_vk_tile).
+size_t spread_smem(int64_t blocks, int total, int cap) {
+  const int64_t sms = sm_count(), even = (blocks + sms - 1) / sms;
+  if (even >= resident_blocks(total, cap)) return static_cast<size_t>(total);
+  // The least multiple of 16 bytes over smem_per_sm / (even + 1) per block, reserve included.
+  const int spread = (smem_per_sm() / static_cast<int>(even + 1) - smem_reserved_per_block() + 16) / 16 * 16;
+  return static_cast<size_t>(std::max(total, spread));
+}
+
 // fp32 state at T = 1 on a grid of a few waves: tiles of kVkFineTileBytes at one row per thread,
 // whose 64-register cap (kVkTileMinBlocks<1>) admits eight blocks per SM: the same 128 KB in
 // flight per SM as four 32 KB tiles, in pieces half the size, so blocks land, compute and
@@ -494,6 +514,10 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   while (rr > 1 && (rt % (rr * G) != 0 || rr > L)) rr /= 2;
   lp.tile = true;
   lp.chunked = chunked;
+  // The chunked kernel on a grid within one wave: no SM holds more than an even spread of it.
+  // At Qwen3-Next B = 16 (512 blocks on 132 SMs) five per SM fit at T = 5..8 and the step took
+  // up to 1.10x the time of four (ec9e84c's fifth block; docs/design.md).
+  if (chunked) lp.smem = spread_smem(lp.blocks, static_cast<int>(lp.smem), kChunkMinBlocks<S>);
   lp.rows_per_thread = rr;
   lp.threads = kVkThreads;
   lp.vec = true;
@@ -635,24 +659,6 @@ bool kv_group_pays(const Problem& p, int64_t blocks, bool chunked) {
 bool group_shape_ok(const Problem& p, int rt) {
   return p.K == 128 && p.V % rt == 0 && p.T <= kMaxChunk && p.HV / p.H * p.T <= kGroupThreads;
 }
-// Blocks of the group kernel an SM holds with `smem` bytes of dynamic shared memory each: by
-// shared memory (the device's per SM, less its per-block reserve) and the launch bound `cap`.
-int group_blocks_per_sm(int smem, int cap = kGroupBlocksPerSm) {
-  return std::min(cap, smem_per_sm() / (smem + smem_reserved_per_block()));
-}
-
-// The group kernel's dynamic shared memory: a grid within one wave asks for enough that an SM
-// takes no more blocks than an even spread needs (ceil(blocks / SMs)). More resident blocks than
-// that leave SMs idle (the block scheduler fills an SM before the next, it seems): at B = 16 (256
-// blocks on 132 SMs) three per SM took 1.18x the time of two at Qwen3.5 bf16 T = 2, and capped to
-// two, the cells that held three took 0.82-0.89x (H200, bench/results 2026-11-28 group-spread).
-size_t group_spread_smem(int64_t blocks, int total, int cap) {
-  const int64_t sms = sm_count(), even = (blocks + sms - 1) / sms;
-  if (even >= group_blocks_per_sm(total, cap)) return static_cast<size_t>(total);
-  // The least multiple of 16 bytes over smem_per_sm / (even + 1) per block, reserve included.
-  const int spread = (smem_per_sm() / static_cast<int>(even + 1) - smem_reserved_per_block() + 16) / 16 * 16;
-  return static_cast<size_t>(std::max(total, spread));
-}
 
 // A launch of the group kernel with the shared memory of `lay`: `blocks` blocks of one (row, q/k
 // head), stages of rt rows (KV: columns), `tiles` per value head, nb buffers, T tokens; false where
@@ -667,7 +673,7 @@ bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb,
   lp.threads = kGroupThreads;
   lp.rows_per_thread = kGroupRR;
   lp.blocks = blocks;
-  lp.smem = group_spread_smem(blocks, lay.total, cap);
+  lp.smem = spread_smem(blocks, lay.total, cap);
   lp.group4 = cap == kGroupKvBlocksPerSm;
   lp.geo.tile_rows = rt;
   lp.geo.tiles = tiles;
@@ -688,10 +694,10 @@ bool group_plan(int64_t blocks, const GroupSmem& lay, int rt, int tiles, int nb,
 // layout(buffers) gives the GroupSmem of that many.
 template <typename Layout>
 int group_buffers(int64_t blocks, int nb, Layout layout, int cap = kGroupBlocksPerSm) {
-  int best = nb, resident = group_blocks_per_sm(layout(nb).total, cap);
+  int best = nb, resident = resident_blocks(layout(nb).total, cap);
   if (blocks <= static_cast<int64_t>(resident) * sm_count()) return nb;
   for (int b = nb - 1; b >= 1; --b) {
-    const int r = group_blocks_per_sm(layout(b).total, cap);
+    const int r = resident_blocks(layout(b).total, cap);
     if (r > resident) best = b, resident = r;
   }
   return best;
@@ -1008,7 +1014,7 @@ bool plan_fused_group(const FusedProblem& f, LaunchPlan& lp, bool past_wave = fa
   if (p.layout_kv && sizeof(S) == 2 && grid > wave && !(sr_bf16 && grid >= 2 * wave)) {
     const int nb4 = group_buffers(grid, nb0, layout, kGroupKvBlocksPerSm);
     const GroupSmem l4 = layout(nb4);
-    if (group_blocks_per_sm(l4.total, kGroupKvBlocksPerSm) >= kGroupKvBlocksPerSm) nb = nb4, cap = kGroupKvBlocksPerSm;
+    if (resident_blocks(l4.total, kGroupKvBlocksPerSm) >= kGroupKvBlocksPerSm) nb = nb4, cap = kGroupKvBlocksPerSm;
   }
   const GroupSmem lay = layout(nb);
   if (!group_plan(grid, lay, rt, tiles, nb, T, lp, cap)) return false;
