@@ -569,6 +569,15 @@ __device__ __forceinline__ void cp_async_wait_group() {
 __device__ __forceinline__ void st_shared_zero16(void* smem) {
   *reinterpret_cast<uint4*>(smem) = make_uint4(0u, 0u, 0u, 0u);
 }
+// A tile's copy-in piece: the 16 bytes at gmem where they lie inside the state (in), else
+// zeros, so that a partial tile's phases read no stale shared memory.
+__device__ __forceinline__ void cp_async16_or_zero(void* smem, const void* gmem, bool in) {
+  if (in) {
+    cp_async16(smem, gmem);
+  } else {
+    st_shared_zero16(smem);
+  }
+}
 
 // One-time opt-in to more than 48 KB of dynamic shared memory for kernel kKernel on the
 // current device (the per-device maximum), never once per call. The cache is a static of this

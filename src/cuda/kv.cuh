@@ -423,12 +423,7 @@ __global__ void __launch_bounds__(NT, GDN_KV_TILE_MIN_BLOCKS * kKvTileThreads / 
     static_assert(NT % LV == 0, "tile_piece_walk: a row's pieces divide the block");
     const int vin = tile_extent(p.V, c0, VT);
     tile_piece_walk<VE>(tid, NT, K, LV, head_src + slots.read * ss0, ss2, [&](int r, int c, const S* g) {
-      S* const dst = tile_s + r * VT + c * VE;
-      if (c * VE < vin) {
-        cp_async16(dst, g);
-      } else {
-        st_shared_zero16(dst);
-      }
+      cp_async16_or_zero(tile_s + r * VT + c * VE, g, c * VE < vin);
     });
     cp_async_commit();
   }

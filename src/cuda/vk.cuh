@@ -627,12 +627,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     // K rows k of RT / VE pieces, which divide the block (kv_tile_copy_fits, decode_cuda.cu).
     const int vin = tile_extent(p.V, row0, RT);
     tile_piece_walk<VE>(tid, kVkThreads, K, RT / VE, head_src + slots.read * ss0, ss2, [&](int k, int c, const S* g) {
-      S* const dst = kChunked ? tile.elem(c * VE, k) : vt.piece(c, k);
-      if (c * VE < vin) {
-        cp_async16(dst, g);
-      } else {
-        st_shared_zero16(dst);
-      }
+      cp_async16_or_zero(kChunked ? tile.elem(c * VE, k) : vt.piece(c, k), g, c * VE < vin);
     });
     cp_async_commit();
   } else if (bulk) {
@@ -644,12 +639,7 @@ __device__ __forceinline__ bool vk_tile_begin(const typename Fz::Param& prm, con
     static_assert(kVkThreads % PR == 0, "tile_piece_walk: a row's pieces divide the block");
     const int vin = tile_extent(p.V, row0, RT);
     tile_piece_walk<VE>(tid, kVkThreads, RT, PR, head_src + slots.read * ss0, ss2, [&](int r, int c, const S* g) {
-      S* const dst = tile_s + r * K + (kChunked ? c ^ (r & 7) : c) * VE;
-      if (r < vin) {
-        cp_async16(dst, g);
-      } else {
-        st_shared_zero16(dst);
-      }
+      cp_async16_or_zero(tile_s + r * K + (kChunked ? c ^ (r & 7) : c) * VE, g, r < vin);
     });
     cp_async_commit();
   }

@@ -43,7 +43,8 @@
 //       weights in the lanes that P3's A fragments need them in;
 //   P3  the same warp: the m-tile's S = gamma * S0 + W K on tensor cores, rounded back into the
 //       tile;
-//   P4  warp w: its rows from the tile to the pool with 16-byte stores.
+//   P4  VK: warp w its rows from the tile to the pool with 16-byte stores; KV: the block,
+//       whole rows k after a barrier.
 #pragma once
 
 #include "vk.cuh"
@@ -351,6 +352,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
   // ldmatrix.trans of B: the lane's row is token arow (the A-row pattern), columns + 8 * ahalf.
   const uint16_t* const bp = (arow < T ? qk + (T + arow) * QKS : zrow) + (ahalf << 3);
   const int64_t obase = n * p.o.s[0] + hv * p.o.s[2] + row0;
+  const int vin = tile_extent(p.V, row0, RT);  // the tile's rows within V
   const __nv_bfloat16* const vraw = reinterpret_cast<const __nv_bfloat16*>(sm.raw);  // [T][RT]
   const auto phases = [&](auto tp) {
     constexpr int TP = decltype(tp)::value;
@@ -441,7 +443,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int r = mt * 16 + g + 8 * e;
-        if (row0 + r < p.V) {
+        if (r < vin) {
 #pragma unroll
           for (int j = 0; j < NJ; ++j)
             if (tj[j] < T) store_scalar(p.o.data, p.o.dtype, obase + tj[j] * p.o.s[1] + r, o[e][j]);
@@ -577,30 +579,27 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
     phases(std::integral_constant<int, 16>{});
   }
   if (wslot < 0) return;
-  __syncwarp();
 
-  // P4: the warp's rows to the pool, 16-byte pieces in order (coalesced). KV: the warp's
-  // columns of every row k, 16 / VE pieces (32 or 64 contiguous bytes) per row.
+  // P4: the tile to the pool, 16-byte pieces in order (coalesced). VK: each warp its own rows
+  // (its m-tiles, which P3 wrote). KV: whole rows k of RT columns by the block, after a barrier
+  // (as the copy-in; the m-tiles of a row k are every warp's): a warp's 16 columns of each row
+  // were 32 bytes of 16 rows per store at bf16, and their tile reads two-way bank conflicts.
   S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] +
                  (kKv ? row0 : row0 * p.state.s[2]);
   const int64_t ss2 = p.state.s[2];
-  const int vin = tile_extent(p.V, row0, RT);
-  for (int mt = warp; mt < mts; mt += kWarps) {
-    if constexpr (kKv) {
-      constexpr int PM = 16 / VE;  // pieces of an m-tile's 16 columns
-      tile_piece_walk<VE>(lane, 32, K, PM, dst + mt * 16, ss2, [&](int k, int c, S* g) {
-        if (mt * 16 + c * VE >= vin) return;
-        Packed<S> v;
-        v.u = *reinterpret_cast<const uint4*>(tile.elem(mt * 16 + c * VE, k));
-        store_state_vec<S, true>(g, v);
-      });
-    } else {
-      static_assert(32 % CH == 0, "P4: a warp's lanes keep one piece column each");
+  if constexpr (kKv) {
+    __syncthreads();
+    // K rows k of RT / VE pieces, which divide the block (kv_tile_copy_fits, decode_cuda.cu).
+    tile_piece_walk<VE>(tid, kVkThreads, K, RT / VE, dst, ss2, [&](int k, int c, S* g) {
+      if (c * VE < vin) store_state_vec<S, true>(g, *reinterpret_cast<const Packed<S>*>(tile.elem(c * VE, k)));
+    });
+  } else {
+    __syncwarp();
+    static_assert(32 % CH == 0, "P4: a warp's lanes keep one piece column each");
+    for (int mt = warp; mt < mts; mt += kWarps) {
       tile_piece_walk<VE>(lane, 32, 16, CH, dst + mt * 16 * ss2, ss2, [&](int r, int c, S* g) {
-        if (mt * 16 + r >= vin) return;
-        Packed<S> v;
-        v.u = *reinterpret_cast<const uint4*>(tile.elem(mt * 16 + r, c * VE));
-        store_state_vec<S, true>(g, v);
+        if (mt * 16 + r < vin)
+          store_state_vec<S, true>(g, *reinterpret_cast<const Packed<S>*>(tile.elem(mt * 16 + r, c * VE)));
       });
     }
   }
