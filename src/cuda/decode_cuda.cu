@@ -367,13 +367,27 @@ int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
 //   0.84-0.91 from 512, 1.09-1.16 below; T = 8 0.71-0.79 from 512, 0.98-1.03 at 128..256;
 //   T = 16 0.75-0.84 from 256, 0.99 at 128. KV: bf16's thresholds hold (T = 3 0.67-0.95 from 128
 //   heads; T = 4 0.59-0.83 from 512; T = 5..8 0.40-0.74 from 128).
+// Measured again on the H200 after the KV P4 stores and the even spread (8551897, `gpu_check.sh
+// chunkbench`: GDN_CUDA_VK_CHUNK=2 against 0, alternated twice, min; both models, pool, B = 1..256;
+// bench/results/2026-12-02-h200-8551897-chunk-rules.json). Against the kernel the planner takes
+// otherwise (the KV token loop on VK's tile, kv-vt, where kv_vt_pays; else the KV tile kernel):
+// - VK bf16: T = 3 0.95-0.98 from 4096 heads, 0.99-1.00 at 2048; T = 4 0.88-0.99 from 512, 1.01
+//   at 512 (Qwen3.5 B = 8); T = 5..6 0.76-0.93 from 512, 1.00-1.01 at 256; T = 8 and 16 0.50-0.98
+//   from 128, 1.23-1.27 at 64.
+// - KV bf16: T = 2 0.92-0.95 from 2048 heads, 0.99-1.02 at 512..1024 (against kv-vt); T = 3..8
+//   0.27-0.78 from 128, 1.29-1.63 at 64; T = 16 0.52-0.68 from 32.
+// - KV fp32: T = 2 1.07-1.11 at every B; T = 3 and 4 0.83-0.99 from 256 (against the tile kernel
+//   and kv-vt), 1.11-1.16 at 128; T = 5..8 0.54-0.89 from 128, 1.31-1.45 at 64; T = 16 0.70-0.91
+//   from 32.
+// plan_kv_shared takes the chunked kernel before kv-vt where these say it pays.
 int64_t chunk_min_heads(const Problem& p) {
   const int64_t t = p.T;
   const DType s = p.state.dtype;
   if (!p.layout_kv && s == DType::kF16) return t < 5 ? 0 : t < 12 ? 512 : 256;
-  if (!p.layout_kv) return t < 4 ? 0 : t < 8 ? 512 : 128;  // bf16 (no fp32 form)
-  if (s == DType::kF32) return t >= 6 ? 64 : t >= 4 ? 256 : 0;
-  return t >= 6 ? 1 : t == 5 ? 32 : t == 4 ? 64 : 128;
+  if (!p.layout_kv) return t < 3 ? 0 : t == 3 ? 4096 : t < 8 ? 512 : 128;  // bf16 (no fp32 form)
+  if (s == DType::kF32) return t >= 9 ? 32 : t >= 5 ? 128 : t >= 3 ? 256 : 0;
+  if (s == DType::kF16) return t >= 6 ? 1 : t == 5 ? 32 : t == 4 ? 64 : 128;  // 6112851's
+  return t >= 9 ? 1 : t >= 3 ? 128 : 2048;
 }
 bool vk_chunk_pays(const Problem& p) {
   const int mode = vk_chunk_mode();
@@ -776,11 +790,13 @@ bool plan_kv_vt(const Problem& p, LaunchPlan& lp) {
 
 // KV with 16-byte state rows: VK's token loop on the KV tile, the group kernel, the chunked
 // kernel or the tile kernel.
+// The chunked kernel before kv-vt: where chunk_min_heads says it pays, it was measured against
+// kv-vt's cells (bf16 T = 2 from 2048 heads, fp32 T = 4 from 256).
 template <typename S>
 bool plan_kv_shared(const Problem& p, LaunchPlan& lp) {
-  if (plan_kv_vt<S>(p, lp)) return true;
   LaunchPlan chunk;
   const bool chunked = plan_kv_chunk<S>(p, chunk);
+  if (!chunked && plan_kv_vt<S>(p, lp)) return true;
   if (plan_kv_group<S>(p, lp, chunked)) return true;
   if (chunked) {
     lp = chunk;
