@@ -2,8 +2,8 @@
 # Build, test, sanitize and benchmark on the GPU machine in one call (it keeps nothing between
 # calls and has no network: header-only Debian packages travel in .deps, fetched here with
 # `scripts/setup.sh --download .deps`). Logs go to $OUT; a short table is printed last.
-#   scripts/gpu_check.sh [stage ...]   stages: build test run sanitize python bench quickbench fusedbench
-#                                      groupbench kvvtbench chunkbench prof abbench
+#   scripts/gpu_check.sh [stage ...]   stages: build test gputest run sanitize python bench quickbench
+#                                      fusedbench groupbench kvvtbench chunkbench prof abbench
 # COMMIT names the commit under test in the benchmark JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,14 +35,14 @@ if has abbench; then
   fi
 fi
 
-if has build || has test || has run || has sanitize || has bench || has quickbench || has fusedbench || has groupbench ||
+if has build || has test || has gputest || has run || has sanitize || has bench || has quickbench || has fusedbench || has groupbench ||
   has kvvtbench || has chunkbench || has prof || has abbench; then
   t0=$SECONDS
   # The test suite only where a stage runs it (or `build` is named): the CLI alone builds in
   # about 115 s, which counts in a device session's short remainder. GDN_BUILD_TESTS stated
   # either way: a warm machine may keep a build folder configured the other way.
   tests=OFF target=(--target gdn_cli)
-  if has build || has test || has sanitize; then tests=ON target=(); fi
+  if has build || has test || has gputest || has sanitize; then tests=ON target=(); fi
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DGDN_BUILD_TESTS=$tests \
     -DGDN_GIT_COMMIT="${COMMIT:-unknown}" > "$OUT/build.log" 2>&1 &&
     cmake --build $B -j16 "${target[@]}" >> "$OUT/build.log" 2>&1
@@ -54,6 +54,16 @@ if has test; then
   ctest --test-dir $B --output-on-failure -j8 > "$OUT/ctest.log" 2>&1
   rc=$?; note "ctest rc=$rc ($((SECONDS - t0)) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
   grep -E "Failed|\*\*\*" "$OUT/ctest.log" | head -30
+fi
+if has gputest; then
+  # The suite's GPU tests alone (every CUDA family: the default plans and each kernel forced; the
+  # CPU suites are CI's), the check after a kernel change: ~680 tests, about 250-400 s at -j8,
+  # the two serving-batch tests of the fused step ~2 minutes each. GPUTEST_LIMIT bounds it (s).
+  t0=$SECONDS
+  timeout "${GPUTEST_LIMIT:-420}" ctest --test-dir $B --output-on-failure -j"${GPUTEST_J:-8}" \
+    -R 'Cuda/|CudaKvVt|CudaFused' > "$OUT/ctest-gpu.log" 2>&1
+  rc=$?; note "GPU ctest rc=$rc ($((SECONDS - t0)) s): $(grep -c ' Passed ' "$OUT/ctest-gpu.log") passed, $(grep -cE '\*\*\*|\(Failed\)' "$OUT/ctest-gpu.log") failed; $(grep -E 'tests passed|tests failed' "$OUT/ctest-gpu.log" | tail -1)"
+  grep -E "\(Failed\)|\*\*\*" "$OUT/ctest-gpu.log" | head -30
 fi
 if has run; then
   {
