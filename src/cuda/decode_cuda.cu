@@ -530,10 +530,10 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   lp.chunked = chunked;
   // The chunked kernel on a grid within one wave: no SM holds more than an even spread of it,
   // where its tiles give every warp an m-tile (rt >= 64). Measured on the H200 against no spread
-  // (8551897 against main, same call; docs/design.md, "The KV chunked kernel's row stores"): 512
-  // blocks of 64 or 128 rows (Qwen3-Next B = 8 and 16, Qwen3.5 B = 4 and 8, T = 3..16) 0.83-0.97x
-  // (VK alone, Qwen3.5 bf16 T = 8 B = 8 17.2 -> 15.7 us); but with 32-row tiles, where two of the
-  // four warps idle through P1..P3 and a fifth block per SM adds working warps, 1.03-1.07x
+  // (3083bdc against main, same call; docs/design.md, "The KV chunked kernel's row stores"): 512
+  // blocks of 64 or 128 rows (Qwen3-Next B = 16, Qwen3.5 B = 4; T = 3..16) 0.83-1.01x (VK alone,
+  // Qwen3.5 bf16 T = 16 B = 4 19.9 -> 17.8 us); but with 32-row tiles, where two of the four
+  // warps idle through P1..P3 and a fifth block per SM adds working warps, 1.03-1.07x
   // (Qwen3-Next B = 4 T = 3..8) and 1.04-1.10x at B = 1 T = 16 (one or two blocks per SM).
   if (chunked && rt >= 16 * (kVkThreads / 32))
     lp.smem = spread_smem(lp.blocks, static_cast<int>(lp.smem), kChunkMinBlocks<S>);
