@@ -346,39 +346,30 @@ int vk_fine_tile(const Problem& p, int64_t default_blocks, int G) {
   return blocks <= int64_t{kVkFineMaxWaves} * kVkTileMinBlocks<1> * sm_count() ? rows : 0;
 }
 
-// The chunked kernel's fixed work (product, solve and update phases, each behind a barrier)
-// only pays where the token loop is issue-bound: several tokens and enough heads. The least
-// B * HV at which it pays, per layout, state dtype and T (0: never), measured on the H100 (both
-// models, pool, no cache, GDN_CUDA_VK_CHUNK=2 against 0 on one binary; chunked/loop time;
-// docs/design.md section 4):
-// - VK bf16 (9658e61, P3 through ldmatrix/stmatrix): T <= 3 0.98-2.33 at every B; T = 4-5
-//   0.88-0.98 from 512 heads, 1.02-1.16 at 256; T = 6 0.78-0.89 from 512, 1.03 at 256; T = 8
-//   0.90-0.93 at 256, 0.97-0.98 at 128, 0.68-0.75 from 512.
-// - VK fp32 (S0 split into three bf16 terms): 1.03-1.74 at every T and B measured, so the kernel
-//   has no VK fp32 form (plan_vk_tile).
-// - KV bf16 (its token loop reads the state across rows; 9658e61): T = 2 0.60-0.88 from 256
-//   heads, 0.94 / 1.01 at 128, 1.31-1.42 below; T = 3 0.64-0.77 at 128, 1.04-1.05 at 64;
-//   T = 4 0.67-0.87 at 64, 1.01 at 32; T = 5 0.93 at 32; T = 8 0.23-0.26 from 512.
-// - KV fp32: T <= 3 0.91-1.87; T = 4 0.79-0.95 at 256..1024 heads, 0.99-1.02 beyond and below;
-//   T = 6 0.94-0.96 at 64 heads, 1.35 at 32; T = 8 0.65-0.69 from 128.
-// - fp16 (S0 split into two bf16 terms; 6112851, on an H200, B = 2..256, one run each,
-//   bench/results/2026-11-28-h200-6112851-fp16-chunk-ab.json). VK: P1's second product makes
-//   it dearer than bf16's: T <= 4 0.97-1.63 at every B; T = 5 0.92-0.98 from 512 heads; T = 6
-//   0.84-0.91 from 512, 1.09-1.16 below; T = 8 0.71-0.79 from 512, 0.98-1.03 at 128..256;
-//   T = 16 0.75-0.84 from 256, 0.99 at 128. KV: bf16's thresholds hold (T = 3 0.67-0.95 from 128
-//   heads; T = 4 0.59-0.83 from 512; T = 5..8 0.40-0.74 from 128).
-// Measured again on the H200 after the KV P4 stores and the even spread (8551897, `gpu_check.sh
-// chunkbench`: GDN_CUDA_VK_CHUNK=2 against 0, alternated twice, min; both models, pool, B = 1..256;
-// bench/results/2026-12-02-h200-8551897-chunk-rules.json). Against the kernel the planner takes
-// otherwise (the KV token loop on VK's tile, kv-vt, where kv_vt_pays; else the KV tile kernel):
+// The chunked kernel's fixed work (product, solve and update phases) only pays where the token
+// loop is issue-bound: several tokens and enough heads. The least B * HV at which it pays, per
+// layout, state dtype and T (0: never), chunked / the kernel the planner takes otherwise, on one
+// binary (GDN_CUDA_VK_CHUNK=2 against 0; docs/design.md section 4).
+// bf16 VK and KV, fp32 KV: measured on the H200 after the KV P4 stores and the even spread
+// (8551897, `gpu_check.sh chunkbench`, alternated twice, min; both models, pool, B = 1..256;
+// bench/results/2026-12-02-h200-8551897-chunk-rules.json), against the KV token loop on VK's
+// tile (kv-vt) where kv_vt_pays, else the tile kernels:
 // - VK bf16: T = 3 0.95-0.98 from 4096 heads, 0.99-1.00 at 2048; T = 4 0.88-0.99 from 512, 1.01
 //   at 512 (Qwen3.5 B = 8); T = 5..6 0.76-0.93 from 512, 1.00-1.01 at 256; T = 8 and 16 0.50-0.98
 //   from 128, 1.23-1.27 at 64.
 // - KV bf16: T = 2 0.92-0.95 from 2048 heads, 0.99-1.02 at 512..1024 (against kv-vt); T = 3..8
-//   0.27-0.78 from 128, 1.29-1.63 at 64; T = 16 0.52-0.68 from 32.
+//   0.27-0.78 from 128, 1.29-1.63 at 64; T = 16 0.52-0.68 from 32, the fewest measured.
 // - KV fp32: T = 2 1.07-1.11 at every B; T = 3 and 4 0.83-0.99 from 256 (against the tile kernel
 //   and kv-vt), 1.11-1.16 at 128; T = 5..8 0.54-0.89 from 128, 1.31-1.45 at 64; T = 16 0.70-0.91
 //   from 32.
+// - VK fp32 (S0 split into three bf16 terms; H100): 1.03-1.74 at every T and B measured, so the
+//   kernel has no VK fp32 form (plan_vk_tile).
+// - fp16 (S0 split into two bf16 terms; 6112851, on an H200, B = 2..256, one run each,
+//   bench/results/2026-11-28-h200-6112851-fp16-chunk-ab.json). VK: P1's second product makes
+//   it dearer than bf16's: T <= 4 0.97-1.63 at every B; T = 5 0.92-0.98 from 512 heads; T = 6
+//   0.84-0.91 from 512, 1.09-1.16 below; T = 8 0.71-0.79 from 512, 0.98-1.03 at 128..256;
+//   T = 16 0.75-0.84 from 256, 0.99 at 128. KV: the thresholds bf16 had then hold (T = 3
+//   0.67-0.95 from 128 heads; T = 4 0.59-0.83 from 512; T = 5..8 0.40-0.74 from 128).
 // plan_kv_shared takes the chunked kernel before kv-vt where these say it pays.
 int64_t chunk_min_heads(const Problem& p) {
   const int64_t t = p.T;
