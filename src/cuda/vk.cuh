@@ -524,6 +524,17 @@ __device__ __forceinline__ void tile_piece_walk(int tid, int nthreads, int rows,
   for (; r < rows; r += rstep, g += gstep) f(r, c, g);
 }
 
+// A KV tile to the pool: K rows k (row k at dst + k * ks) of RT / VE pieces, which divide the
+// block (kv_tile_copy_fits, decode_cuda.cu), the pieces past the head's V (c * VE >= vin) left
+// alone. piece(c, k) is piece c of row k in shared memory (KvVtTile::piece, ChunkTile::elem):
+// the kv-vt kernel's final store and the KV chunked kernel's P4, walked as the copy-in.
+template <int VE, typename S, typename Piece>
+__device__ __forceinline__ void kv_tile_store(int tid, int K, int RT, int vin, S* dst, int64_t ks, Piece piece) {
+  tile_piece_walk<VE>(tid, kVkThreads, K, RT / VE, dst, ks, [&](int k, int c, S* g) {
+    if (c * VE < vin) store_state_vec<S, true>(g, *reinterpret_cast<const Packed<S>*>(piece(c, k)));
+  });
+}
+
 // The tile kernels' prologue (VK tile and chunked kernels): returns false when the block's row
 // is padding or invalid (its outputs are zeroed; nothing else to do). Afterwards the state tile
 // (RT rows of head hv from row0), the converted inputs and the gates are in shared memory and
@@ -933,11 +944,8 @@ __global__ void __launch_bounds__(kVkThreads, kVkTileMinBlocks<RR>)
   __syncthreads();  // every column's final state in the tile
   const KvVtTile<S> tile(tile_s, RT);
   S* const dst = static_cast<S*>(p.state.data) + wslot * p.state.s[0] + hv * p.state.s[1] + row0;
-  // K rows k of RT / VE pieces, which divide the block (kv_tile_copy_fits), as the copy-in.
-  const int vin = tile_extent(p.V, row0, RT);
-  tile_piece_walk<VE>(tid, kVkThreads, K, RT / VE, dst, p.state.s[2], [&](int k, int c, S* g) {
-    if (c * VE < vin) store_state_vec<S, true>(g, *reinterpret_cast<const Packed<S>*>(tile.piece(c, k)));
-  });
+  kv_tile_store<VE>(tid, K, RT, tile_extent(p.V, row0, RT), dst, p.state.s[2],
+                    [&](int c, int k) { return tile.piece(c, k); });
 }
 
 }  // namespace gdn::detail::cuda

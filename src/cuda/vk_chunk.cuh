@@ -589,10 +589,7 @@ __global__ void __launch_bounds__(kVkThreads, kChunkMinBlocks<S>)
   const int64_t ss2 = p.state.s[2];
   if constexpr (kKv) {
     __syncthreads();
-    // K rows k of RT / VE pieces, which divide the block (kv_tile_copy_fits, decode_cuda.cu).
-    tile_piece_walk<VE>(tid, kVkThreads, K, RT / VE, dst, ss2, [&](int k, int c, S* g) {
-      if (c * VE < vin) store_state_vec<S, true>(g, *reinterpret_cast<const Packed<S>*>(tile.elem(c * VE, k)));
-    });
+    kv_tile_store<VE>(tid, K, RT, vin, dst, ss2, [&](int c, int k) { return tile.elem(c * VE, k); });
   } else {
     __syncwarp();
     static_assert(32 % CH == 0, "P4: a warp's lanes keep one piece column each");
