@@ -425,6 +425,12 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   int rt = G;
   const int o = vk_tile_rows_override();
   bool fine = false;  // vk_fine_tile's tiles, one row per thread
+  // The chunked form (vk_chunk.cuh): a 16-bit state, or an fp32 state in the KV layout
+  // (plan_kv_chunk; VK's token loop is faster at every T, chunk_min_heads), bf16 q/k, 2 <= T,
+  // only the last state stored; tiles of 16-row multiples (below).
+  constexpr bool kF32 = std::is_same_v<S, float>;
+  const bool chunk_want = f == nullptr && chunk_ok && (p.layout_kv || !kF32) && vk_chunk_pays(p) && p.T >= 2 &&
+                          p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p);
   if (o > 0) {
     while (rt * 2 <= o && rt * 2 <= V) rt *= 2;
   } else {
@@ -439,7 +445,17 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
     // block per SM: the fixed per-block work (prologue, q/k conversion) counts more than a
     // second block per SM (Qwen3-Next, us: B = 4 fp32 dense 8.07 -> 7.67, bf16 pool 5.52 ->
     // 4.72, B = 2 fp32 pool 5.04 -> 4.86; T > 1 mixed, e.g. T = 2 fp32 pool B = 4 +11%).
-    const int64_t want_small = p.T == 1 ? sm_count() : want;
+    // VK's token loop at T > 1 without the cache: below four rows per thread group only while
+    // the grid holds at most one block per SM before halving. Each block converts every token's
+    // q and k once, so the per-block work grows with T and a second block per SM covers what the
+    // smaller tiles would overlap. Measured on the H200 (GDN_CUDA_VK_TILE=64 against the rule
+    // before, pool, same call, min of two runs): at 128 heads (Qwen3-Next B = 4, Qwen3.5 B = 2)
+    // 64-row tiles (256 blocks) took 0.87-1.01x the time of 32-row ones at T = 2..8, both states
+    // (Qwen3-Next bf16 T = 4 7.79 -> 6.79 us); at 64 heads 1.0-1.13x, so those halve as before.
+    // Not the chunked kernel (32 rows stay 1.02-1.04x faster at T = 8), the cache (0.95-1.08x)
+    // or kv-vt (0.94-1.24x).
+    const bool loop_tokens = p.T > 1 && !p.layout_kv && f == nullptr && !chunk_want && !stores_token_states(p);
+    const int64_t want_small = p.T == 1 ? sm_count() : loop_tokens ? 2 * sm_count() : want;
     while (rt > min_rows && heads * (V / rt) * 2 <= (rt > 4 * G ? want : want_small)) rt /= 2;
     // An explicit rows-per-thread choice (GDN_CUDA_VK_RR) keeps the tiles above.
     const int fr = vk_rr_override() == 0 && f == nullptr ? vk_fine_tile<S>(p, heads * (V / rt), G) : 0;
@@ -463,13 +479,8 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   const int group = static_cast<int>(p.HV / p.H);
   if (f != nullptr)
     while (group * (V / rt) > kMaxFusedCluster && rt < V) rt *= 2;
-  // The chunked form (vk_chunk.cuh): a 16-bit state, or an fp32 state in the KV layout
-  // (plan_kv_chunk; VK's token loop is faster at every T, chunk_min_heads), bf16 q/k, 2 <= T,
-  // only the last state stored.
   bool chunked = false;
-  constexpr bool kF32 = std::is_same_v<S, float>;
-  if (f == nullptr && chunk_ok && (p.layout_kv || !kF32) && vk_chunk_pays(p) && p.T >= 2 &&
-      p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p) && rt % 16 == 0) {
+  if (chunk_want && rt % 16 == 0) {
     stage_all_tokens(p, rt, lp);
     // Its raw area holds v alone: q and k land in qk16's rows (vk_tile_begin), v is read raw.
     lp.geo.raw_bytes = static_cast<int>(stage_raw_bytes(p.T, 0, rt, 2));
