@@ -434,7 +434,14 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   if (o > 0) {
     while (rt * 2 <= o && rt * 2 <= V) rt *= 2;
   } else {
-    while (rt * 2 <= V && rt * 2 * row_bytes <= vk_tile_bytes()) rt *= 2;
+    // With the cache at T > 1, a 16-bit VK state's tiles hold half the bytes (64 rows at
+    // K = 128): its per-token state stores keep twice the blocks busy. Measured on the H200
+    // (GDN_CUDA_VK_TILE=64 against 128-row tiles, ef1d7dc, pool, min of two runs, both models):
+    // bf16 T = 4 and 8 0.96-0.98x from B = 64 (Qwen3-Next T = 4 B = 256 354.7 -> 343.0 us),
+    // T = 2 0.99x; 512-1,024 heads 0.93-1.02x.
+    const bool cache16 = stores_token_states(p) && !kF32 && !p.layout_kv && f == nullptr && p.T >= 2;
+    const int tile_bytes = cache16 ? vk_tile_bytes() / 2 : vk_tile_bytes();
+    while (rt * 2 <= V && rt * 2 * row_bytes <= tile_bytes) rt *= 2;
     const int64_t heads = p.B * p.HV;
     const int64_t want = static_cast<int64_t>(tile_blocks_per_sm()) * sm_count();
     // Never below two rows per thread group: at B = 1, 16-row tiles at one row per thread were
@@ -446,17 +453,24 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
     // second block per SM (Qwen3-Next, us: B = 4 fp32 dense 8.07 -> 7.67, bf16 pool 5.52 ->
     // 4.72, B = 2 fp32 pool 5.04 -> 4.86; T > 1 mixed, e.g. T = 2 fp32 pool B = 4 +11%).
     // VK's token loop at T > 1 without the cache: below four rows per thread group only while
-    // the grid holds at most one block per SM before halving. Each block converts every token's
-    // q and k once, so the per-block work grows with T and a second block per SM covers what the
-    // smaller tiles would overlap. Measured on the H200 (GDN_CUDA_VK_TILE=64 against the rule
-    // before, pool, same call, min of two runs): at 128 heads (Qwen3-Next B = 4, Qwen3.5 B = 2)
-    // 64-row tiles (256 blocks) took 0.87-1.01x the time of 32-row ones at T = 2..8, both states
-    // (Qwen3-Next bf16 T = 4 7.79 -> 6.79 us); at 64 heads 1.0-1.13x, so those halve as before.
-    // Not the chunked kernel (32 rows stay 1.02-1.04x faster at T = 8), the cache (0.95-1.08x)
-    // or kv-vt (0.94-1.24x).
+    // the grid has fewer than 15/8 blocks per SM before halving, so where the larger tiles still
+    // give nearly every SM two blocks. Each block converts every token's q and k once: the
+    // per-block work grows with T, and a second block per SM covers what smaller tiles would
+    // overlap. Measured on the H200 (64- against 32-row tiles by GDN_CUDA_VK_TILE on one binary,
+    // ef1d7dc, pool, min of two runs, T = 2..8, both states and models): 128 heads (Qwen3-Next
+    // B = 4, Qwen3.5 B = 2; 256 blocks of 64 rows on 132 SMs) 0.87-0.98x (Qwen3-Next bf16 T = 4
+    // 7.82 -> 6.82 us); 96 heads (192 blocks) 0.95-1.14x, bf16 slower up to T = 5; 64 heads
+    // 1.0-1.13x. Not the chunked kernel (32 rows 1.02-1.04x faster at T = 8), the cache
+    // (0.95-1.08x) or kv-vt (0.94-1.24x).
     const bool loop_tokens = p.T > 1 && !p.layout_kv && f == nullptr && !chunk_want && !stores_token_states(p);
-    const int64_t want_small = p.T == 1 ? sm_count() : loop_tokens ? 2 * sm_count() : want;
-    while (rt > min_rows && heads * (V / rt) * 2 <= (rt > 4 * G ? want : want_small)) rt /= 2;
+    auto halve = [&](int r) {
+      const int64_t blocks = heads * (V / r);
+      if (r > 4 * G) return blocks * 2 <= want;
+      if (p.T == 1) return blocks * 2 <= sm_count();
+      if (loop_tokens) return blocks * 8 < int64_t{15} * sm_count();
+      return blocks * 2 <= want;
+    };
+    while (rt > min_rows && halve(rt)) rt /= 2;
     // An explicit rows-per-thread choice (GDN_CUDA_VK_RR) keeps the tiles above.
     const int fr = vk_rr_override() == 0 && f == nullptr ? vk_fine_tile<S>(p, heads * (V / rt), G) : 0;
     if (fr > 0) {
