@@ -460,7 +460,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
     // ef1d7dc, pool, min of two runs, T = 2..8, both states and models): 128 heads (Qwen3-Next
     // B = 4, Qwen3.5 B = 2; 256 blocks of 64 rows on 132 SMs) 0.87-0.98x (Qwen3-Next bf16 T = 4
     // 7.82 -> 6.82 us); 96 heads (192 blocks) 0.95-1.14x, bf16 slower up to T = 5; 64 heads
-    // 1.0-1.13x. Not the chunked kernel (32 rows 1.02-1.04x faster at T = 8), the cache
+    // 1.00-1.33x. Not the chunked kernel (32 rows 1.02-1.04x faster at T = 8), the cache
     // (0.95-1.08x) or kv-vt (0.94-1.24x).
     const bool loop_tokens = p.T > 1 && !p.layout_kv && f == nullptr && !chunk_want && !stores_token_states(p);
     auto halve = [&](int r) {
