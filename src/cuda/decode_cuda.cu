@@ -58,12 +58,14 @@ bool prefetch_enabled() {
 // Shared-memory tile paths (T <= 16, 16-byte state):
 //   GDN_CUDA_TILE=0           off: the register-resident general kernels everywhere;
 //   GDN_CUDA_VK_TILE=<rows>   VK state rows per block (power of two; default: 32 KB of state);
-//   GDN_CUDA_VK_TILE_BYTES=<bytes>  the default's per-block state bytes (32768);
+//   GDN_CUDA_VK_TILE_BYTES=<bytes>  the default's per-block state bytes (32768; half of it with
+//                             the cache at a 16-bit state, T > 1);
 //   GDN_CUDA_VK_RR=1|2|4      VK rows in registers at once (default 4, 2 at T = 1 in a single
 //                             wave; halved while the tile rows are not a multiple of G * RR);
 //   GDN_CUDA_TILE_BPS=<n>     small grids: VK tiles halve while the grid still fits in n
-//                             blocks per SM (default 4; at T = 1 below four rows per thread
-//                             group: one block per SM);
+//                             blocks per SM (default 4; below four rows per thread group at
+//                             T = 1: one block per SM, VK's token loop at T > 1 without the
+//                             cache: under 15/8 blocks per SM before halving);
 bool tile_enabled() {
   static const bool v = env_int("GDN_CUDA_TILE", 1) != 0;
   return v;
