@@ -238,16 +238,22 @@ PY
 fi
 if has abbench && [ -n "${ab_pid:-}" ]; then
   # This tree's CLI against the base's, alternated AB_RUNS times (min of the runs per cell), the
-  # runs' JSONs in $OUT/ab.tgz (ab-base-N.json, ab-tree-N.json). Printed: the cells outside
-  # +-3% (the first 20; all of them in ab.tgz's ab-outside.txt), then per kernel (this tree's
-  # plan), state, layout and B (1, 2..16, more), the ratio tree / base as min, median and max.
+  # runs' JSONs in $OUT/ab.tgz (ab-base-N.json, ab-tree-N.json). AB_ARGS2: a second set of cells
+  # in the same runs (ab-*-Nb.json), e.g. fp16 states, which --state all leaves out. Printed:
+  # the cells outside +-3% (the first 20; all of them in ab.tgz's ab-outside.txt), then per
+  # kernel (this tree's plan), state, layout and B (1, 2..16, more), the ratio tree / base as
+  # min, median and max.
   wait $ab_pid
   rc=$?; note "abbench base build rc=$rc"
   if [ $rc = 0 ]; then
-    args=${AB_ARGS:-"--model all --mode pool --layout all --state all --cache off --update on --T 1,2,4,8 --B 1,16,64,256,512"}
+    sets=("${AB_ARGS:-"--model all --mode pool --layout all --state all --cache off --update on --T 1,2,4,8 --B 1,16,64,256,512"}")
+    [ -z "${AB_ARGS2:-}" ] || sets+=("$AB_ARGS2")
     for r in $(seq ${AB_RUNS:-3}); do
-      $AB/b/gdn bench $args --json "$OUT/ab-base-$r.json" > "$OUT/ab-base-$r.log" 2>&1 || rc=1
-      ./$B/gdn bench $args --json "$OUT/ab-tree-$r.json" > "$OUT/ab-tree-$r.log" 2>&1 || rc=1
+      for i in "${!sets[@]}"; do
+        id=$r$([ "$i" = 0 ] || echo b)
+        $AB/b/gdn bench ${sets[$i]} --json "$OUT/ab-base-$id.json" > "$OUT/ab-base-$id.log" 2>&1 || rc=1
+        ./$B/gdn bench ${sets[$i]} --json "$OUT/ab-tree-$id.json" > "$OUT/ab-tree-$id.log" 2>&1 || rc=1
+      done
     done
     note "abbench rc=$rc"
     python3 bench/ab_rows.py "$OUT"
