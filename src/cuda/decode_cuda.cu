@@ -431,8 +431,10 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
   // (plan_kv_chunk; VK's token loop is faster at every T, chunk_min_heads), bf16 q/k, 2 <= T,
   // only the last state stored; tiles of 16-row multiples (below).
   constexpr bool kF32 = std::is_same_v<S, float>;
+  const bool stores = stores_token_states(p);
   const bool chunk_want = f == nullptr && chunk_ok && (p.layout_kv || !kF32) && vk_chunk_pays(p) && p.T >= 2 &&
-                          p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores_token_states(p);
+                          p.q.dtype == DType::kBF16 && p.k.dtype == DType::kBF16 && !stores;
+  const bool vk_tokens = !p.layout_kv && f == nullptr && p.T > 1;  // decode's VK kernels at T > 1
   if (o > 0) {
     while (rt * 2 <= o && rt * 2 <= V) rt *= 2;
   } else {
@@ -441,8 +443,7 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
     // (GDN_CUDA_VK_TILE=64 against 128-row tiles, ef1d7dc, pool, min of two runs, both models):
     // bf16 T = 4 and 8 0.96-0.98x from B = 64 (Qwen3-Next T = 4 B = 256 354.7 -> 343.0 us),
     // T = 2 0.99x; 512-1,024 heads 0.93-1.02x.
-    const bool cache16 = stores_token_states(p) && !kF32 && !p.layout_kv && f == nullptr && p.T >= 2;
-    const int tile_bytes = cache16 ? vk_tile_bytes() / 2 : vk_tile_bytes();
+    const int tile_bytes = vk_tokens && stores && !kF32 ? vk_tile_bytes() / 2 : vk_tile_bytes();
     while (rt * 2 <= V && rt * 2 * row_bytes <= tile_bytes) rt *= 2;
     const int64_t heads = p.B * p.HV;
     const int64_t want = static_cast<int64_t>(tile_blocks_per_sm()) * sm_count();
@@ -464,12 +465,11 @@ bool plan_vk_tile(const Problem& p, LaunchPlan& lp, const FusedProblem* f = null
     // 7.82 -> 6.82 us); 96 heads (192 blocks) 0.95-1.14x, bf16 slower up to T = 5; 64 heads
     // 1.00-1.33x. Not the chunked kernel (32 rows 1.02-1.04x faster at T = 8), the cache
     // (0.95-1.08x) or kv-vt (0.94-1.24x).
-    const bool loop_tokens = p.T > 1 && !p.layout_kv && f == nullptr && !chunk_want && !stores_token_states(p);
+    const bool loop_tokens = vk_tokens && !stores && !chunk_want;
     auto halve = [&](int r) {
       const int64_t blocks = heads * (V / r);
-      if (r > 4 * G) return blocks * 2 <= want;
-      if (p.T == 1) return blocks * 2 <= sm_count();
-      if (loop_tokens) return blocks * 8 < int64_t{15} * sm_count();
+      if (r <= 4 * G && p.T == 1) return blocks * 2 <= sm_count();
+      if (r <= 4 * G && loop_tokens) return blocks * 8 < int64_t{15} * sm_count();
       return blocks * 2 <= want;
     };
     while (rt > min_rows && halve(rt)) rt /= 2;
